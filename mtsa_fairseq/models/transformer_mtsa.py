@@ -1,0 +1,122 @@
+"""fairseq's Transformer with MTSA as the encoder self-attention (reference section 1).
+
+Everything except the encoder self-attention is fairseq's own: the model, encoder and layer classes
+are extended through their hooks (``build_encoder``, ``build_encoder_layer``,
+``build_self_attention``), and each architecture takes every default of its fairseq counterpart.
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser, Namespace
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerEncoder, TransformerModel
+from fairseq.models.transformer import transformer_legacy as legacy
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+
+from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
+from ..modules.per_head import ACTIVATIONS
+
+MTSA_DEFAULTS = {  # what the authors ran (reference 1.3, Setup 2)
+    "encoder_self_attention_type": "mtsa",
+    "mtsa_s2t_input": "v",
+    "mtsa_s2t_activation": "scaled_sigmoid",
+    "mtsa_s2t_bias_init": 0.0,
+    "mtsa_s2t_hidden_activation": "none",
+    "mtsa_bi_directional": False,
+}
+
+
+class MTSAEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer whose self-attention is :class:`MTSAMultiheadAttention`."""
+
+    def build_self_attention(self, embed_dim: int, cfg: TransformerConfig):
+        if getattr(cfg, "encoder_self_attention_type", "mtsa") != "mtsa":
+            return super().build_self_attention(embed_dim, cfg)
+        hidden = getattr(cfg, "mtsa_s2t_hidden_activation", "none")
+        try:
+            return MTSAMultiheadAttention(
+                embed_dim,
+                cfg.encoder.attention_heads,
+                dropout=cfg.attention_dropout,
+                q_noise=self.quant_noise,
+                qn_block_size=self.quant_noise_block_size,
+                s2t_input=getattr(cfg, "mtsa_s2t_input", "v"),
+                s2t_activation=getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
+                s2t_bias_init=getattr(cfg, "mtsa_s2t_bias_init", 0.0),
+                s2t_hidden_activation=None if hidden == "none" else hidden,
+                bi_directional=getattr(cfg, "mtsa_bi_directional", False),
+            )
+        except ValueError as err:
+            raise ValueError(f"invalid MTSA encoder options (--mtsa-*, --encoder-attention-heads): {err}") from err
+
+
+class TransformerMTSAEncoder(TransformerEncoder):
+    def build_encoder_layer(self, args):
+        cfg = TransformerConfig.from_namespace(args)
+        layer = MTSAEncoderLayer(cfg, return_fc=self.return_fc)
+        if cfg.checkpoint_activations:  # the same wrapping as fairseq's encoder
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
+        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+@register_model("transformer_mtsa")
+class TransformerMTSAModel(TransformerModel):
+    """Transformer (Vaswani et al., 2017) with multi-mask tensorized self-attention in the encoder."""
+
+    @classmethod
+    def hub_models(cls) -> dict:
+        return {}
+
+    @staticmethod
+    def add_args(parser: ArgumentParser) -> None:
+        TransformerModel.add_args(parser)
+        group = parser.add_argument_group("MTSA encoder self-attention")
+        group.add_argument("--encoder-self-attention-type", choices=["mtsa", "standard"],
+                           help="MTSA or fairseq's multi-head attention in the encoder (ablation); default mtsa")
+        group.add_argument("--mtsa-s2t-input", choices=S2T_INPUTS,
+                           help="source2token input: per-head values v (authors' runs) or keys k; default v")
+        group.add_argument("--mtsa-s2t-activation", choices=S2T_ACTIVATIONS,
+                           help="source2token activation; scaled_* divide the logits by sqrt(d_head); "
+                                "default scaled_sigmoid")
+        group.add_argument("--mtsa-s2t-bias-init", type=float,
+                           help="initial source2token bias (bias_start): 0 default, 5 in Setup 1")
+        group.add_argument("--mtsa-s2t-hidden-activation", choices=["none", *sorted(ACTIVATIONS)],
+                           help="activation of an extra per-head source2token layer (afn_extra); "
+                                "default none = the single layer the authors ran")
+        group.add_argument("--mtsa-bi-directional", action="store_true",
+                           help="forward masks on the first half of the heads, backward on the rest "
+                                "(diagonal included); off as the authors ran")
+
+    @classmethod
+    def build_encoder(cls, args: Namespace, src_dict, embed_tokens):
+        return TransformerMTSAEncoder(args, src_dict, embed_tokens)
+
+
+def _mtsa_defaults(args: Namespace) -> None:
+    for name, value in MTSA_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def _register(arch: str, fairseq_arch) -> None:
+    def arch_fn(args: Namespace) -> None:
+        _mtsa_defaults(args)
+        fairseq_arch(args)
+
+    arch_fn.__doc__ = f"{fairseq_arch.__name__} with MTSA encoder self-attention."
+    register_model_architecture("transformer_mtsa", arch)(arch_fn)
+
+
+for _arch, _fairseq_arch in {
+    "transformer_mtsa": legacy.base_architecture,
+    "transformer_mtsa_tiny": legacy.tiny_architecture,
+    "transformer_mtsa_iwslt_de_en": legacy.transformer_iwslt_de_en,
+    "transformer_mtsa_wmt_en_de": legacy.transformer_wmt_en_de,
+    "transformer_mtsa_vaswani_wmt_en_de_big": legacy.transformer_vaswani_wmt_en_de_big,
+    "transformer_mtsa_wmt_en_de_big": legacy.transformer_wmt_en_de_big,
+}.items():
+    _register(_arch, _fairseq_arch)

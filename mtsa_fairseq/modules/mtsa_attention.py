@@ -1,0 +1,126 @@
+"""MTSA as a drop-in for fairseq's ``MultiheadAttention`` in the NMT setting (reference section 1).
+
+The q/k/v/out projections are fairseq's own (inherited, same parameter names); MTSA replaces only
+the scaled dot-product core and adds one per-head source2token dense layer ``d_v -> d_v`` with bias:
+``H * (d_v * d_v + d_v)`` parameters (33,280 for d_model 512 and 8 heads, reference 1.6).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+from .mtsa_core import head_directions, mtsa_core
+from .per_head import PerHeadLinear, activation, stable_exp
+
+S2T_INPUTS = ("v", "k")
+S2T_ACTIVATIONS = ("scaled_sigmoid", "sigmoid", "exp", "scaled_exp")
+
+
+class MTSAMultiheadAttention(MultiheadAttention):
+    """Multi-mask tensorized self-attention with fairseq's ``MultiheadAttention`` interface.
+
+    Defaults are what the authors ran (reference 1.3): ``E_R = exp(q.k / sqrt(d_k))`` with key
+    padding only, ``E_S = sigmoid((v W_c + b_c) / sqrt(d_v))`` from one per-head layer on ``v``.
+
+    Args:
+        embed_dim, num_heads, dropout, bias, q_noise, qn_block_size: as ``MultiheadAttention``;
+            ``dropout`` is the attention dropout ``p`` (``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S``).
+        s2t_input: ``"v"`` (authors' runs, ``use_k_mtsa=False``) or ``"k"``.
+        s2t_activation: ``scaled_sigmoid`` (default), ``sigmoid``, ``exp``, ``scaled_exp``; the
+            ``scaled_`` forms divide the logits, bias included, by ``sqrt(d_v)``.
+        s2t_bias_init: initial source2token bias (``bias_start``: 0; Setup 1 used 5).
+        s2t_hidden_activation: ``None`` for the single layer the authors ran, or an activation name
+            (``afn_extra``) for a hidden per-head layer (bias 0) before the output layer.
+        bi_directional: forward masks on the first H/2 heads and backward on the rest, diagonal
+            included (``bi_direction``; off as run).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
+        s2t_input: str = "v",
+        s2t_activation: str = "scaled_sigmoid",
+        s2t_bias_init: float = 0.0,
+        s2t_hidden_activation: str | None = None,
+        bi_directional: bool = False,
+    ):
+        if s2t_input not in S2T_INPUTS:
+            raise ValueError(f"s2t_input must be one of {S2T_INPUTS}, got {s2t_input!r}")
+        if s2t_activation not in S2T_ACTIVATIONS:
+            raise ValueError(f"s2t_activation must be one of {S2T_ACTIVATIONS}, got {s2t_activation!r}")
+        self.direction = "bi" if bi_directional else None
+        head_directions(num_heads, self.direction)  # odd head counts fail here, before any allocation
+        super().__init__(
+            embed_dim, num_heads, dropout=dropout, bias=bias, self_attention=True,
+            q_noise=q_noise, qn_block_size=qn_block_size,
+        )
+        self.s2t_input = s2t_input
+        self.s2t_activation = s2t_activation
+        self.s2t_scale = 1.0 / math.sqrt(self.head_dim) if s2t_activation.startswith("scaled_") else 1.0
+        self.s2t_hidden_activation = s2t_hidden_activation
+        self.s2t_hidden = None
+        if s2t_hidden_activation is not None:
+            activation(s2t_hidden_activation)
+            self.s2t_hidden = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=0.0)
+        self.s2t = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=s2t_bias_init)
+
+    def source2token(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """``E_S`` from per-head ``x [B, H, L, d_v]`` (reference 1.2 steps 3-4)."""
+        if self.s2t_hidden is not None:
+            x = activation(self.s2t_hidden_activation)(self.s2t_hidden(x))
+        logits = self.s2t(x) * self.s2t_scale
+        if self.s2t_activation.endswith("sigmoid"):
+            return torch.sigmoid(logits)
+        # exp: a per-(batch, head, feature) constant cancels in the core's ratio (reference 8.4)
+        return stable_exp(logits, key_padding_mask)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None,
+        value: Tensor | None,
+        key_padding_mask: Tensor | None = None,
+        incremental_state: dict[str, dict[str, Tensor | None]] | None = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Tensor | None = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention over ``query`` (``T x B x C``); returns ``(T x B x C, None)``.
+
+        MTSA's weights are feature-wise (``[B, H, L, L, d_v]``), so no ``[B, L, L]`` attention map is
+        returned. Only key padding masks the scores; incremental decoding, ``attn_mask`` and
+        ``before_softmax`` are not part of the encoder self-attention this module replaces.
+        """
+        if key is not None and key is not query or value is not None and value is not key:
+            raise ValueError("MTSAMultiheadAttention is a self-attention: pass query = key = value")
+        if incremental_state is not None or attn_mask is not None or before_softmax or static_kv:
+            raise NotImplementedError(
+                "MTSAMultiheadAttention supports encoder self-attention only "
+                "(no incremental_state, attn_mask, static_kv or before_softmax)"
+            )
+        length, batch, _ = query.shape
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.to(torch.bool)
+
+        def heads(x: Tensor) -> Tensor:
+            return x.view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+        q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
+        e_s = self.source2token(v if self.s2t_input == "v" else k, key_padding_mask)
+        out = mtsa_core(
+            q, k, v, e_s, key_padding_mask=key_padding_mask, direction=self.direction, include_self=True,
+            token2token="exp", dropout_p=self.dropout_module.p, training=self.training,
+        )
+        out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
+        return self.out_proj(out), None

@@ -1,0 +1,339 @@
+"""The multi-mask tensorized self-attention (MTSA) core, as a pure function over per-head tensors.
+
+Semantics follow the authors' code (``mtsa-reference.md`` sections 1.2, 2.2, 6 and 8). For a batch
+element and head, query ``j``, key ``i`` and feature ``l``::
+
+    E_R[j, i] = exp(q_j . k_i / sqrt(d_k))      (token2token="exp", the NMT experiments)
+              | sigmoid(q_j . k_i / sqrt(d_k))  (token2token="sigmoid", the sentence encoders)
+    E_R[j, i] = 0 where key i is padding or the positional mask forbids (j, i)
+    Z[j, l]   = sum_i E_R[j, i] * E_S[i, l]                   (never dropped)
+    N[j, l]   = sum_i E_R'[j, i] * E_S'[i, l] * v[i, l]
+    out[j, l] = N[j, l] / (Z[j, l] if Z[j, l] > 0 else 1)
+
+``E_R'`` and ``E_S'`` are independent inverted dropouts with keep probability ``sqrt(1 - p)``
+(reference 1.2 step 6, 8.3). This equals the feature-wise softmax of the paper's equations (10)-(12):
+``out[j, l] = sum_i P[j, i, l] v[i, l]`` with ``P[j, i, l] ∝ E_R[j, i] E_S[i, l]``.
+
+How it is computed (reference 8.2):
+
+* ``exp``: with ``P = softmax(s + mask)``, ``out = SDPA(q, k, v * E_S) / SDPA(q, k, E_S)``; the row
+  normaliser cancels, the kernel's max-subtraction makes it overflow-free in fp16/bf16, and the fused
+  kernels keep memory O(L): no ``[B, H, L, L]`` tensor is built when only key padding masks the
+  scores. Positional masks are built in query chunks of bounded size (``[B, 1, chunk, L]`` booleans),
+  and forward/backward chunks only visit the keys they can see.
+* ``sigmoid``: ``sigmoid(s) = exp(logsigmoid(s))``, so a kernel with a score modifier computes it the
+  same way: ``kernel="flex"`` runs FlexAttention with ``score_mod = logsigmoid`` (compiled into a
+  fused kernel on CUDA; eager elsewhere, for checking). Plain SDPA cannot, so the default (``"auto"``)
+  materialises ``E_R`` per query chunk (``[B, H, chunk, L]``); flex stays opt-in because it compiles
+  per sequence-length bucket and has no dropout.
+
+Rows with no allowed key (strict masks at sequence ends, all-padding sequences) return 0, never NaN.
+Padded *queries* are not masked (as in the NMT code); callers zero them when they need to.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+DIRECTIONS = (None, "bi", "forward", "backward")
+TOKEN2TOKEN = ("exp", "sigmoid")
+KERNELS = ("auto", "sdpa", "dense", "flex")
+# Upper bound on the elements of one query chunk's [B, H, chunk, L] mask / score tensor.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def head_directions(num_heads: int, direction: str | None) -> list[tuple[slice, str | None]]:
+    """Split heads into groups sharing one positional rule: ``"bi"`` gives the first half
+    ``"forward"`` and the second half ``"backward"`` (reference 1.2 step 2, 2.4)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if direction == "bi":
+        if num_heads % 2:
+            raise ValueError(
+                f"direction='bi' needs an even number of heads (forward and backward halves), got {num_heads}"
+            )
+        half = num_heads // 2
+        return [(slice(0, half), "forward"), (slice(half, num_heads), "backward")]
+    return [(slice(0, num_heads), direction)]
+
+
+def positional_mask(j: Tensor, i: Tensor, direction: str | None, include_self: bool) -> Tensor | None:
+    """Element-wise ``allowed[j, i]`` for broadcastable query positions ``j`` and key positions ``i``
+    (reference 6): forward ``i <= j`` (``i < j`` without self), backward ``i >= j`` (``i > j``),
+    no direction ``i != j`` without self. ``None`` means every pair is allowed."""
+    if direction == "forward":
+        return i <= j if include_self else i < j
+    if direction == "backward":
+        return i >= j if include_self else i > j
+    return None if include_self else i != j
+
+
+def has_allowed_key(
+    key_padding_mask: Tensor | None, batch: int, length: int, direction: str | None, include_self: bool,
+    device: torch.device | None = None,
+) -> Tensor:
+    """``[B, L]``: whether query j has at least one allowed key, counted in O(L) with cumulative sums."""
+    real = (
+        torch.ones(batch, length, dtype=torch.long, device=device)
+        if key_padding_mask is None
+        else (~key_padding_mask).long()
+    )
+    if direction == "forward":
+        count = real.cumsum(-1)
+    elif direction == "backward":
+        count = real.flip(-1).cumsum(-1).flip(-1)
+    else:
+        count = real.sum(-1, keepdim=True).expand(batch, length)
+    return (count if include_self else count - real) > 0
+
+
+def allowed_mask(
+    key_padding_mask: Tensor | None,
+    batch: int,
+    num_heads: int,
+    length: int,
+    direction: str | None = None,
+    include_self: bool = True,
+    device: torch.device | None = None,
+) -> Tensor:
+    """The full boolean ``[B, H, L, L]`` mask (True = query j may attend key i). For references and
+    tests; :func:`mtsa_core` never builds it."""
+    pos = torch.arange(length, device=device)
+    mask = torch.ones(batch, num_heads, length, length, dtype=torch.bool, device=device)
+    for heads, mode in head_directions(num_heads, direction):
+        rule = positional_mask(pos[:, None], pos[None, :], mode, include_self)
+        if rule is not None:
+            mask[:, heads] &= rule
+    if key_padding_mask is not None:
+        mask &= ~key_padding_mask[:, None, None, :].to(device=mask.device)
+    return mask
+
+
+def _dropout(x: Tensor, keep: float, training: bool) -> Tensor:
+    return F.dropout(x, p=1.0 - keep, training=True) if training and keep < 1.0 else x
+
+
+def _query_chunks(
+    batch: int, heads: int, length: int, key_len: int, mode: str | None, include_self: bool, chunk: int | None
+) -> Iterator[tuple[int, int, int, int]]:
+    """Yield ``(q_start, q_end, k_start, k_end)``: query chunks and the key window they can see."""
+    size = chunk or max(1, CHUNK_ELEMENTS // max(1, batch * heads * key_len))
+    for start in range(0, length, size):
+        end = min(length, start + size)
+        if mode == "forward":
+            yield start, end, 0, end
+        elif mode == "backward":
+            yield start, end, start, key_len
+        else:
+            yield start, end, 0, key_len
+
+
+def _flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _compiled_flex():  # pragma: no cover - needs a GPU
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: bool) -> str:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if token2token == "exp":
+        if kernel in ("flex",):
+            raise ValueError("kernel='flex' is for token2token='sigmoid'; the exp path uses SDPA")
+        return "dense" if kernel == "dense" else "sdpa"
+    if kernel == "sdpa":
+        raise ValueError("token2token='sigmoid' is not an exp form: plain SDPA cannot compute it")
+    if kernel == "flex" and dropout_active:
+        raise ValueError("kernel='flex' has no attention dropout; use kernel='dense' when training with dropout")
+    if kernel == "flex" and not _flex_available():
+        raise ValueError("kernel='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+    return "dense" if kernel == "auto" else kernel
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None) -> None:
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [B, H, L, d_k], got {tuple(q.shape)} and {tuple(k.shape)}")
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3] or s2t.shape != v.shape:
+        raise ValueError(
+            f"v and s2t must both be [B, H, L, d_v] matching q, got {tuple(v.shape)} and {tuple(s2t.shape)}"
+        )
+    if key_padding_mask is not None:
+        if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (q.shape[0], q.shape[2]):
+            raise ValueError(
+                f"key_padding_mask must be bool [B, L] = {(q.shape[0], q.shape[2])}, "
+                f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+            )
+
+
+def mtsa_core(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s2t: Tensor,
+    key_padding_mask: Tensor | None = None,
+    direction: str | None = None,
+    include_self: bool = True,
+    token2token: str = "exp",
+    dropout_p: float = 0.0,
+    training: bool = False,
+    kernel: str = "auto",
+    query_chunk_size: int | None = None,
+) -> Tensor:
+    """Multi-mask tensorized self-attention over per-head tensors (see the module docstring).
+
+    Args:
+        q, k: ``[B, H, L, d_k]``, unscaled (``1/sqrt(d_k)`` is applied here).
+        v, s2t: ``[B, H, L, d_v]``; ``s2t`` holds the source2token weights ``E_S`` (non-negative,
+            query-independent, possibly rescaled per (batch, head, feature): reference 8.4).
+        key_padding_mask: bool ``[B, L]``, True at padding keys.
+        direction: None, ``"bi"`` (first H/2 heads forward, last H/2 backward), ``"forward"`` or
+            ``"backward"`` (all heads).
+        include_self: whether query j may attend key j; without it and with ``direction=None`` only
+            the diagonal is excluded.
+        token2token: ``"exp"`` or ``"sigmoid"`` activation of the scaled dot products.
+        dropout_p: attention dropout ``p``; ``E_R`` and ``E_S`` each keep ``sqrt(1 - p)`` in the
+            numerator only, and only when ``training``.
+        kernel: ``"auto"``; ``"sdpa"`` (exp only), ``"dense"`` (materialises scores per query
+            chunk), ``"flex"`` (sigmoid via FlexAttention, no dropout).
+        query_chunk_size: queries per chunk where masks or scores are materialised (default: keep
+            each chunk's ``[B, H, chunk, L]`` tensor under 2**24 elements).
+
+    Returns:
+        ``[B, H, L, d_v]``; rows with no allowed key are 0.
+    """
+    _check_inputs(q, k, v, s2t, key_padding_mask)
+    if token2token not in TOKEN2TOKEN:
+        raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    batch, num_heads, length, d_k = q.shape
+    groups = head_directions(num_heads, direction)
+    keep = math.sqrt(1.0 - dropout_p)
+    dropout_active = training and dropout_p > 0.0
+    use = _choose_kernel(kernel, token2token, q, dropout_active)
+    scale = 1.0 / math.sqrt(d_k)
+
+    s2t_num = _dropout(s2t, keep, dropout_active)
+    if use == "flex":
+        return _flex_sigmoid(q, k, v * s2t_num, s2t, key_padding_mask, groups, include_self, scale)
+    keys_real = None if key_padding_mask is None else ~key_padding_mask
+    out = q.new_empty(batch, num_heads, length, v.shape[-1])
+    pos = torch.arange(length, device=q.device)
+    for heads, mode in groups:
+        qh, kh, vh, sh, sh_num = q[:, heads], k[:, heads], v[:, heads], s2t[:, heads], s2t_num[:, heads]
+        if use == "sdpa" and mode is None and include_self:
+            out[:, heads] = _sdpa_ratio(qh, kh, vh * sh_num, sh, _key_mask(keys_real), scale, dropout_active, keep)
+            continue
+        for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], length, length, mode, include_self, query_chunk_size):
+            mask = positional_mask(pos[q0:q1, None], pos[None, k0:k1], mode, include_self)
+            mask = None if mask is None else mask[None, None]
+            if keys_real is not None:
+                key_mask = keys_real[:, None, None, k0:k1]
+                mask = key_mask if mask is None else mask & key_mask
+            args = (qh[:, :, q0:q1], kh[:, :, k0:k1], vh[:, :, k0:k1] * sh_num[:, :, k0:k1], sh[:, :, k0:k1])
+            if use == "sdpa":
+                out[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep)
+            else:
+                out[:, heads, q0:q1] = _dense_ratio(*args, mask, scale, token2token, dropout_active, keep)
+    return out
+
+
+def _key_mask(keys_real: Tensor | None) -> Tensor | None:
+    return None if keys_real is None else keys_real[:, None, None, :]
+
+
+def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
+    """The authors' guard: ``Z <- where(Z > 0, Z, 1)`` (reference 1.2 step 5)."""
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def _sdpa_ratio(
+    q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
+    scale: float, dropout_active: bool, keep: float,
+) -> Tensor:
+    """``SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities only
+    (reference 8.3) and 0 on rows without an allowed key."""
+    empty = None
+    if mask is not None:
+        empty = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
+        if bool(empty.any()):
+            mask = mask | empty  # keep softmax kernels away from all -inf rows; zeroed below
+        else:
+            empty = None
+    num = F.scaled_dot_product_attention(
+        q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale
+    )
+    den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=mask, scale=scale)
+    out = _guarded_ratio(num, den)
+    return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+def _dense_ratio(
+    q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
+    scale: float, token2token: str, dropout_active: bool, keep: float,
+) -> Tensor:
+    """The authors' algorithm on one query chunk: ``E_R`` materialised as ``[B, H, chunk, L]``."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if token2token == "sigmoid":
+        e_r = torch.sigmoid(scores)
+    else:  # max-stabilised exp: a per-row constant cancels in the ratio
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        row_max = scores.amax(dim=-1, keepdim=True)
+        e_r = torch.exp(scores - torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)))
+    if mask is not None:
+        e_r = e_r.masked_fill(~mask, 0.0)
+    den = torch.matmul(e_r, den_values)
+    num = torch.matmul(_dropout(e_r, keep, dropout_active), num_values)
+    return _guarded_ratio(num, den)
+
+
+def _flex_sigmoid(
+    q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, key_padding_mask: Tensor | None,
+    groups: list[tuple[slice, str | None]], include_self: bool, scale: float,
+) -> Tensor:
+    """Sigmoid token2token through FlexAttention: ``score_mod = logsigmoid`` turns the kernel's
+    softmax into ``sigmoid(s) / sum sigmoid(s)``, whose normaliser cancels in the ratio."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if q.is_cuda:  # eager flex materialises the scores; compiled, it is a fused O(L)-memory kernel
+        flex_attention = _compiled_flex()
+
+    batch, num_heads, length, _ = q.shape
+    pad = key_padding_mask
+    half = groups[0][0].stop
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        allowed = (kv_idx >= 0) if pad is None else ~pad[b, kv_idx]
+        rules = [positional_mask(q_idx, kv_idx, mode, include_self) for _, mode in groups]
+        if len(rules) == 2:
+            return allowed & torch.where(h < half, rules[0], rules[1])
+        return allowed if rules[0] is None else allowed & rules[0]
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return F.logsigmoid(score)
+
+    block_mask = create_block_mask(mask_mod, batch, num_heads, length, length, device=q.device)
+    values = torch.cat([num_values, den_values], dim=-1)  # no dropout here, so one call serves both
+    both = flex_attention(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    d_v = num_values.shape[-1]
+    out = _guarded_ratio(both[..., :d_v], both[..., d_v:])
+    for heads, mode in groups:
+        nonempty = has_allowed_key(pad, batch, length, mode, include_self, device=q.device)
+        out[:, heads] = torch.where(nonempty[:, None, :, None], out[:, heads], torch.zeros_like(out[:, heads]))
+    return out

@@ -1,0 +1,57 @@
+"""Literal, slow MTSA implementations: the ground truth for tests and the baseline for benchmarks.
+
+* :func:`mtsa_literal` is the paper's tensorized form, equations (10)-(12): a ``[B, H, L, L, d_v]``
+  feature-wise softmax, with the authors' masks and guard (reference 1.2, 2.2, 6). No dropout.
+* :func:`mtsa_naive` is the authors' TensorFlow algorithm (reference 1.2): ``E_R`` materialised as
+  ``[B, H, L, L]`` with a raw ``exp`` (it overflows in half precision, as theirs does), the guarded
+  denominator, and dropout ``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S`` in the numerator only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .mtsa_core import allowed_mask
+
+
+def _token2token(q: Tensor, k: Tensor, token2token: str, mask: Tensor) -> Tensor:
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    e_r = torch.exp(scores) if token2token == "exp" else torch.sigmoid(scores)
+    return e_r * mask.to(e_r.dtype)
+
+
+def mtsa_literal(
+    q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None,
+    direction: str | None = None, include_self: bool = True, token2token: str = "exp",
+) -> Tensor:
+    """``out[j, l] = sum_i P[j, i, l] v[i, l]``, ``P[j, i, l] = E_R[j, i] E_S[i, l] / Z[j, l]``,
+    ``Z <- where(Z > 0, Z, 1)``, built as the full ``[B, H, L, L, d_v]`` tensor."""
+    batch, heads, length, _ = q.shape
+    mask = allowed_mask(key_padding_mask, batch, heads, length, direction, include_self, device=q.device)
+    e_r = _token2token(q, k, token2token, mask)
+    weights = e_r[..., :, :, None] * s2t[..., None, :, :]  # [B, H, Lq, Lk, d_v]
+    z = weights.sum(dim=-2)
+    z = torch.where(z > 0, z, torch.ones_like(z))
+    return (weights * v[..., None, :, :]).sum(dim=-2) / z
+
+
+def mtsa_naive(
+    q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None,
+    direction: str | None = None, include_self: bool = True, token2token: str = "exp",
+    dropout_p: float = 0.0, training: bool = False,
+) -> Tensor:
+    """The authors' ``[B, H, L, L]`` algorithm: ``(E_R' @ (v * E_S')) / guard(E_R @ E_S)``."""
+    batch, heads, length, _ = q.shape
+    mask = allowed_mask(key_padding_mask, batch, heads, length, direction, include_self, device=q.device)
+    e_r = _token2token(q, k, token2token, mask)
+    z = torch.matmul(e_r, s2t)
+    z = torch.where(z > 0, z, torch.ones_like(z))
+    drop = 1.0 - math.sqrt(1.0 - dropout_p)
+    active = training and dropout_p > 0
+    e_r_num = F.dropout(e_r, drop, training=active)
+    s2t_num = F.dropout(s2t, drop, training=active)
+    return torch.matmul(e_r_num, v * s2t_num) / z

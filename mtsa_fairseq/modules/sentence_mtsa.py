@@ -1,0 +1,111 @@
+"""The sentence-encoder MTSA block (``multi_mask_tensorized_self_attn``; identical to Fast-DiSA's
+``fast_directional_self_attention``): reference sections 2.1, 2.2 and 5."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .mtsa_core import TOKEN2TOKEN, head_directions, mtsa_core
+from .per_head import PerHeadLinear, activation, stable_exp
+
+
+class SentenceMTSA(nn.Module):
+    """Multi-mask tensorized self-attention over ``x [B, L, d_in]``, per head ``c``::
+
+        v   = act_v(x W^v_c + b^v_c)                    (act_v = activation, or linear)
+        src = x if attn_input == "x" else v
+        q   = src W^q_c,  k = src W^k_c                 (no bias)
+        E_R = token2token(q.k / sqrt(d_head)) * mask    (strict fw/bw masks by default)
+        E_S = exp(act(src W^1_c + b^1_c) W^2_c + b^2_c) (one layer without the hidden one)
+        out = mtsa_core(...)                             (attention dropout keep sqrt(1 - p))
+        out = G * v + (1 - G) * out,  G = sigmoid([v; out] W^g_c + b^g_c)   (fusion gate)
+
+    then heads are concatenated, an optional output layer ``act(W^o y + b^o)`` applied, and padded
+    rows zeroed. Every dense layer's input gets its own dropout (``dense_dropout``), drawn
+    independently per head. Defaults are the API's (reference 2.1).
+
+    Args:
+        input_dim: ``d_in``. hidden_dim: ``hn`` (split over heads). num_heads: ``head_num``.
+        attn_dropout: ``1 - attn_keep_prob``. dense_dropout: ``1 - dense_keep_prob``.
+        use_direction: forward masks on the first H/2 heads, backward on the rest; otherwise no
+            positional mask. attn_self: allow the diagonal.
+        use_fusion_gate, token2token (``"exp"``/``"sigmoid"``), attn_input (``"v"``/``"x"``),
+        s2t_hidden_layer (``add_layer_for_multi``), activation (``activation_func_name``),
+        activate_v (``apply_act_for_v``), output_dim (``output_hn``): as in the API.
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        hidden_dim: int,
+        num_heads: int = 2,
+        attn_dropout: float = 0.0,
+        dense_dropout: float = 0.0,
+        use_direction: bool = True,
+        attn_self: bool = False,
+        use_fusion_gate: bool = True,
+        token2token: str = "exp",
+        attn_input: str = "v",
+        s2t_hidden_layer: bool = True,
+        activation_name: str = "relu",
+        activate_v: bool = True,
+        output_dim: int | None = None,
+    ):
+        super().__init__()
+        if hidden_dim % num_heads:
+            raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads})")
+        if token2token not in TOKEN2TOKEN:
+            raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
+        if attn_input not in ("v", "x"):
+            raise ValueError(f"attn_input must be 'v' or 'x', got {attn_input!r}")
+        self.direction = "bi" if use_direction else None
+        head_directions(num_heads, self.direction)
+        self.act = activation(activation_name)
+        self.num_heads, self.head_dim = num_heads, hidden_dim // num_heads
+        self.attn_dropout, self.dense_dropout = attn_dropout, dense_dropout
+        self.attn_self, self.token2token, self.attn_input = attn_self, token2token, attn_input
+        self.activate_v = activate_v
+        src_dim = input_dim if attn_input == "x" else self.head_dim
+        h, d = num_heads, self.head_dim
+        self.v_proj = PerHeadLinear(h, input_dim, d)
+        self.q_proj = PerHeadLinear(h, src_dim, d, bias=False)
+        self.k_proj = PerHeadLinear(h, src_dim, d, bias=False)
+        self.s2t_hidden = PerHeadLinear(h, src_dim, d) if s2t_hidden_layer else None
+        self.s2t = PerHeadLinear(h, d if s2t_hidden_layer else src_dim, d)
+        self.gate = PerHeadLinear(h, 2 * d, d) if use_fusion_gate else None
+        self.out_layer = nn.Linear(hidden_dim, output_dim) if output_dim is not None else None
+        if self.out_layer is not None:
+            nn.init.xavier_uniform_(self.out_layer.weight)
+            nn.init.zeros_(self.out_layer.bias)
+
+    def _dense(self, layer: nn.Module, x: Tensor) -> Tensor:
+        return layer(F.dropout(x, self.dense_dropout, self.training))
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, d_in]``, ``key_padding_mask`` bool ``[B, L]`` (True = pad) -> ``[B, L, d_out]``."""
+        batch, length, _ = x.shape
+        tiled = x[:, None].expand(batch, self.num_heads, length, x.shape[-1])
+        v = self._dense(self.v_proj, tiled)
+        if self.activate_v:
+            v = self.act(v)
+        src = tiled if self.attn_input == "x" else v
+        q, k = self._dense(self.q_proj, src), self._dense(self.k_proj, src)
+        t = src if self.s2t_hidden is None else self.act(self._dense(self.s2t_hidden, src))
+        logits = self._dense(self.s2t, t)
+        e_s = stable_exp(logits, key_padding_mask)
+        out = mtsa_core(
+            q, k, v, e_s, key_padding_mask=key_padding_mask, direction=self.direction,
+            include_self=self.attn_self, token2token=self.token2token,
+            dropout_p=self.attn_dropout, training=self.training,
+        )
+        if self.gate is not None:
+            g = torch.sigmoid(self._dense(self.gate, torch.cat([v, out], dim=-1)))
+            out = g * v + (1.0 - g) * out
+        y = out.permute(0, 2, 1, 3).reshape(batch, length, self.num_heads * self.head_dim)
+        if self.out_layer is not None:
+            y = self.act(self._dense(self.out_layer, y))
+        if key_padding_mask is not None:
+            y = y.masked_fill(key_padding_mask[..., None], 0.0)
+        return y

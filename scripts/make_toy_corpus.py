@@ -1,0 +1,25 @@
+#!/usr/bin/env python
+"""Write the synthetic reordering/agreement parallel corpus (mtsa_fairseq/toy_corpus.py)."""
+
+import argparse
+from pathlib import Path
+
+from mtsa_fairseq.toy_corpus import write_corpus
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out_dir", type=Path, help="directory for {train,valid,test}.{en,de}")
+    parser.add_argument("--train", type=int, default=4000, help="training pairs")
+    parser.add_argument("--valid", type=int, default=200, help="validation pairs")
+    parser.add_argument("--test", type=int, default=200, help="test pairs")
+    parser.add_argument("--seed", type=int, default=1, help="random seed")
+    args = parser.parse_args()
+    for name in ("train", "valid", "test"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} must be positive")
+    write_corpus(args.out_dir, {"train": args.train, "valid": args.valid, "test": args.test}, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""mtsa-fairseq: Multi-mask Tensorized Self-Attention (MTSA), DiSAN and Fast-DiSA for fairseq.
+
+fairseq itself comes from ``fairseq-fixed`` (see README, "Installing"). Set
+``MTSA_FAIRSEQ_OWN_FAIRSEQ=1`` to keep a fairseq build of your own instead.
+"""
+
+import os
+
+from setuptools import find_packages, setup
+
+requirements = ["torch>=2.6", "numpy", "sacrebleu>=2.0"]
+if os.environ.get("MTSA_FAIRSEQ_OWN_FAIRSEQ") != "1":
+    requirements.append("fairseq-fixed==0.12.3.1")
+
+setup(
+    name="mtsa-fairseq",
+    version="0.1.0",
+    description="Multi-mask Tensorized Self-Attention (MTSA), DiSAN and Fast-DiSA as a fairseq plugin",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=find_packages(include=["mtsa_fairseq", "mtsa_fairseq.*"]),
+    install_requires=requirements,
+    extras_require={"test": ["pytest>=8", "ruff>=0.6"]},
+)

@@ -1,0 +1,253 @@
+import itertools
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mtsa_fairseq.modules.mtsa_core import allowed_mask, has_allowed_key, mtsa_core
+from mtsa_fairseq.modules.mtsa_reference import mtsa_literal, mtsa_naive
+
+B, H, L, DK, DV = 3, 4, 9, 5, 6
+
+
+def make_inputs(dtype=torch.float64, b=B, h=H, length=L, requires_grad=False, scale=1.0):
+    q = torch.randn(b, h, length, DK, dtype=dtype) * scale
+    k = torch.randn(b, h, length, DK, dtype=dtype) * scale
+    v = torch.randn(b, h, length, DV, dtype=dtype)
+    s2t = torch.rand(b, h, length, DV, dtype=dtype) + 0.05
+    return [t.requires_grad_(requires_grad) for t in (q, k, v, s2t)]
+
+
+def padding(b=B, length=L, left=True):
+    pad = torch.zeros(b, length, dtype=torch.bool)
+    pad[1, : length // 3] = True  # left-padded row (fairseq sources)
+    pad[2, length - 2 :] = True  # right-padded row
+    if not left:
+        pad[1] = False
+    return pad
+
+
+KERNELS = {"exp": ["auto", "sdpa", "dense"], "sigmoid": ["auto", "dense", "flex"]}
+CASES = [
+    (t2t, kernel, direction, include_self, padded, chunk)
+    for t2t in ("exp", "sigmoid")
+    for kernel in KERNELS[t2t]
+    for direction, include_self, padded, chunk in itertools.product(
+        (None, "bi", "forward", "backward"), (True, False), (False, True), (None, 2)
+    )
+]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("t2t,kernel,direction,include_self,padded,chunk", CASES)
+def test_matches_literal_float64(t2t, kernel, direction, include_self, padded, chunk):
+    q, k, v, s2t = make_inputs()
+    pad = padding() if padded else None
+    out = mtsa_core(q, k, v, s2t, pad, direction, include_self, t2t, kernel=kernel, query_chunk_size=chunk)
+    ref = mtsa_literal(q, k, v, s2t, pad, direction, include_self, t2t)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("t2t", ["exp", "sigmoid"])
+@pytest.mark.parametrize("direction,include_self", [(None, True), ("bi", False), (None, False)])
+def test_matches_literal_float32(t2t, direction, include_self):
+    q, k, v, s2t = make_inputs()
+    pad = padding()
+    out = mtsa_core(*(t.float() for t in (q, k, v, s2t)), pad, direction, include_self, t2t)
+    ref = mtsa_literal(q, k, v, s2t, pad, direction, include_self, t2t)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+
+
+def test_naive_matches_literal():
+    q, k, v, s2t = make_inputs()
+    pad = padding()
+    for t2t, direction in itertools.product(("exp", "sigmoid"), (None, "bi")):
+        torch.testing.assert_close(
+            mtsa_naive(q, k, v, s2t, pad, direction, False, t2t),
+            mtsa_literal(q, k, v, s2t, pad, direction, False, t2t), rtol=0, atol=1e-12,
+        )
+
+
+@pytest.mark.parametrize(
+    "t2t,direction,include_self,kernel",
+    [("exp", None, True, "sdpa"), ("exp", "bi", False, "sdpa"), ("exp", None, False, "dense"),
+     ("sigmoid", "bi", False, "dense"), ("sigmoid", None, True, "dense")],
+)
+def test_gradcheck(t2t, direction, include_self, kernel):
+    q, k, v, s2t = make_inputs(b=2, h=2, length=5, requires_grad=True)
+    pad = torch.tensor([[False] * 5, [True, True, False, False, False]])
+
+    def fn(q, k, v, s2t):
+        return mtsa_core(q, k, v, s2t, pad, direction, include_self, t2t, kernel=kernel)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, s2t))
+
+
+def test_gradients_match_literal():
+    inputs = make_inputs(requires_grad=True)
+    pad = padding()
+    grads = torch.autograd.grad(mtsa_core(*inputs, pad, "bi", False).pow(2).sum(), inputs)
+    ref = torch.autograd.grad(mtsa_literal(*inputs, pad, "bi", False).pow(2).sum(), inputs)
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-10)
+        assert torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("t2t", ["exp", "sigmoid"])
+@pytest.mark.parametrize("direction,include_self", [(None, True), ("bi", False), ("bi", True), (None, False)])
+def test_padding_invariance(t2t, direction, include_self):
+    q, k, v, s2t = make_inputs(b=1)
+    base = mtsa_core(q, k, v, s2t, None, direction, include_self, t2t)
+    extra = 4
+
+    def grow(t, side):
+        junk = torch.randn(1, H, extra, t.shape[-1], dtype=t.dtype).abs()
+        return torch.cat([junk, t], 2) if side == "left" else torch.cat([t, junk], 2)
+
+    for side in ("left", "right"):
+        pad = torch.zeros(1, L + extra, dtype=torch.bool)
+        real = slice(extra, None) if side == "left" else slice(0, L)
+        pad[0, :extra] = side == "left"
+        pad[0, L:] = side == "right"
+        out = mtsa_core(*(grow(t, side) for t in (q, k, v, s2t)), pad, direction, include_self, t2t)
+        torch.testing.assert_close(out[:, :, real], base, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("t2t", ["exp", "sigmoid"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_direction_causality(t2t, include_self):
+    q, k, v, s2t = make_inputs(b=1)
+    out = mtsa_core(q, k, v, s2t, None, "bi", include_self, t2t)
+    j = 4
+    changed = [t.clone() for t in (q, k, v, s2t)]
+    for t in changed:
+        t[:, :, j + 1 :] = t[:, :, j + 1 :].abs() * 3 + 1  # perturb every token after j
+    out2 = mtsa_core(*changed, None, "bi", include_self, t2t)
+    fw, bw = slice(0, H // 2), slice(H // 2, H)
+    torch.testing.assert_close(out2[:, fw, : j + 1], out[:, fw, : j + 1], rtol=0, atol=0)
+    assert (out2[:, bw, : j + 1] - out[:, bw, : j + 1]).abs().max() > 1e-3  # backward heads do see them
+    # the mirror image: backward heads ignore tokens before j
+    changed = [t.clone() for t in (q, k, v, s2t)]
+    for t in changed:
+        t[:, :, :j] = t[:, :, :j].abs() * 3 + 1
+    out3 = mtsa_core(*changed, None, "bi", include_self, t2t)
+    torch.testing.assert_close(out3[:, bw, j:], out[:, bw, j:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("t2t,kernel", [("exp", "sdpa"), ("exp", "dense"), ("sigmoid", "dense")])
+def test_fully_masked_rows_are_zero_not_nan(t2t, kernel):
+    q, k, v, s2t = make_inputs(requires_grad=True)
+    pad = padding()
+    pad[0] = True  # an all-padding sequence
+    out = mtsa_core(q, k, v, s2t, pad, "bi", False, t2t, kernel=kernel)
+    assert torch.isfinite(out).all()
+    assert (out[0] == 0).all()
+    first, last = 3, L - 3  # row 1 is left-padded by 3, row 2 right-padded by 2
+    assert (out[1, : H // 2, first] == 0).all()  # first real token: no earlier key in forward heads
+    assert (out[2, H // 2 :, last] == 0).all()  # last real token: no later key in backward heads
+    assert not (out[1, : H // 2, first + 1] == 0).all()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v, s2t))
+    assert bool((~has_allowed_key(pad, B, L, "forward", False))[1, first])
+
+
+def test_all_padding_without_direction():
+    q, k, v, s2t = make_inputs()
+    pad = torch.ones(B, L, dtype=torch.bool)
+    assert (mtsa_core(q, k, v, s2t, pad) == 0).all()
+
+
+@pytest.mark.parametrize("t2t", ["exp", "sigmoid"])
+def test_dropout_moments_match_formula(t2t):
+    """E[out] equals the undropped output; Var and the cross-feature covariance match independent
+    keep = sqrt(1 - p) masks on E_R (shared across features) and E_S, with an undropped Z."""
+    p, n = 0.3, 40000
+    keep = math.sqrt(1 - p)
+    q, k, v, s2t = make_inputs(b=1, h=1, length=4)
+    reps = [t.expand(n, *t.shape[1:]).contiguous() for t in (q, k, v, s2t)]
+    samples = mtsa_core(*reps, None, None, True, t2t, dropout_p=p, training=True)[:, 0, 2]  # query 2
+    mask = allowed_mask(None, 1, 1, 4)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(DK)
+    e_r = (torch.exp(s) if t2t == "exp" else torch.sigmoid(s)) * mask
+    a = (e_r[0, 0, 2][:, None] * s2t[0, 0] * v[0, 0]) / (e_r[0, 0, 2] @ s2t[0, 0])  # [keys, features]
+    mean = a.sum(0)
+    var = (a**2).sum(0) * p / (1 - p)
+    cov01 = (a[:, 0] * a[:, 1]).sum() * (1 / keep - 1)
+    emp = samples - samples.mean(0)
+    se = var.sqrt() / math.sqrt(n)
+    assert ((samples.mean(0) - mean).abs() < 5 * se).all()
+    torch.testing.assert_close(emp.pow(2).mean(0), var, rtol=0.06, atol=0)
+    torch.testing.assert_close((emp[:, 0] * emp[:, 1]).mean(), cov01, rtol=0.12, atol=0)
+
+
+def test_dropout_only_in_training():
+    q, k, v, s2t = make_inputs()
+    ref = mtsa_core(q, k, v, s2t, padding())
+    torch.testing.assert_close(mtsa_core(q, k, v, s2t, padding(), dropout_p=0.5, training=False), ref)
+    a = mtsa_core(q, k, v, s2t, padding(), dropout_p=0.5, training=True)
+    assert not torch.allclose(a, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_does_not_overflow(dtype):
+    inputs = [t.to(dtype) for t in make_inputs(scale=6.0)]  # logits ~100: raw exp overflows
+    pad = padding()
+    ref = mtsa_literal(*(t.double() for t in inputs), pad, "bi", False, "exp")
+    assert not torch.isfinite(mtsa_naive(*inputs, pad)).all()
+    out = mtsa_core(*inputs, pad, "bi", False)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, rtol=0.05, atol=0.05)
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("direction,include_self", [(None, True), ("bi", False), (None, False)])
+def test_exp_path_never_builds_an_l_by_l_tensor(direction, include_self):
+    b, h, length, d = 2, 4, 256, 8
+    q, k, v, s2t = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(4))
+    pad = torch.zeros(b, length, dtype=torch.bool)
+    pad[1, :17] = True
+    with _LargestTensor() as mode:
+        out = mtsa_core(q, k, v, s2t.abs(), pad, direction, include_self, query_chunk_size=16)
+        out.sum().backward()
+    assert mode.largest < b * length * length  # not even one [B, L, L] slab, let alone [B, H, L, L]
+    with _LargestTensor() as naive:
+        mtsa_naive(q, k, v, s2t.abs(), pad, direction, include_self).sum().backward()
+    assert naive.largest >= b * h * length * length  # the check can fail
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(direction="bi"), "even number of heads"),
+        (dict(direction="sideways"), "direction must be one of"),
+        (dict(token2token="relu"), "token2token must be one of"),
+        (dict(dropout_p=1.0), "dropout_p"),
+        (dict(kernel="sdpa", token2token="sigmoid"), "not an exp form"),
+        (dict(kernel="flex"), "for token2token='sigmoid'"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    q, k, v, s2t = make_inputs(h=3)
+    with pytest.raises(ValueError, match=message):
+        mtsa_core(q, k, v, s2t, **kwargs)
+
+
+def test_bad_shapes():
+    q, k, v, s2t = make_inputs()
+    with pytest.raises(ValueError, match="key_padding_mask must be bool"):
+        mtsa_core(q, k, v, s2t, torch.zeros(B, L))
+    with pytest.raises(ValueError, match="v and s2t"):
+        mtsa_core(q, k, v, s2t[..., :2])

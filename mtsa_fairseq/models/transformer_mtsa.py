@@ -36,21 +36,24 @@ class MTSAEncoderLayer(TransformerEncoderLayerBase):
         if getattr(cfg, "encoder_self_attention_type", "mtsa") != "mtsa":
             return super().build_self_attention(embed_dim, cfg)
         hidden = getattr(cfg, "mtsa_s2t_hidden_activation", "none")
-        try:
-            return MTSAMultiheadAttention(
-                embed_dim,
-                cfg.encoder.attention_heads,
-                dropout=cfg.attention_dropout,
-                q_noise=self.quant_noise,
-                qn_block_size=self.quant_noise_block_size,
-                s2t_input=getattr(cfg, "mtsa_s2t_input", "v"),
-                s2t_activation=getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
-                s2t_bias_init=getattr(cfg, "mtsa_s2t_bias_init", 0.0),
-                s2t_hidden_activation=None if hidden == "none" else hidden,
-                bi_directional=getattr(cfg, "mtsa_bi_directional", False),
+        bi_directional = getattr(cfg, "mtsa_bi_directional", False)
+        if bi_directional and cfg.encoder.attention_heads % 2:
+            raise ValueError(
+                "--mtsa-bi-directional splits the heads into forward and backward halves and needs an even "
+                f"--encoder-attention-heads, got {cfg.encoder.attention_heads}"
             )
-        except ValueError as err:
-            raise ValueError(f"invalid MTSA encoder options (--mtsa-*, --encoder-attention-heads): {err}") from err
+        return MTSAMultiheadAttention(
+            embed_dim,
+            cfg.encoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            s2t_input=getattr(cfg, "mtsa_s2t_input", "v"),
+            s2t_activation=getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
+            s2t_bias_init=getattr(cfg, "mtsa_s2t_bias_init", 0.0),
+            s2t_hidden_activation=None if hidden == "none" else hidden,
+            bi_directional=bi_directional,
+        )
 
 
 class TransformerMTSAEncoder(TransformerEncoder):

@@ -97,7 +97,8 @@ def test_from_pretrained_translates(trained):
 
 def test_resume_continues_the_run(trained):
     root, save = trained
-    proc = run("fairseq-train", *train_args(root / "bin", save, "--arch", "transformer_mtsa_tiny", "--max-update", "30"))
+    args = train_args(root / "bin", save, "--arch", "transformer_mtsa_tiny", "--max-update", "30")
+    proc = run("fairseq-train", *args)
     assert "Loaded checkpoint" in proc.stdout + proc.stderr and "@ 24 updates" in proc.stdout + proc.stderr
     state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
     assert state["optimizer_history"][-1]["num_updates"] == 30

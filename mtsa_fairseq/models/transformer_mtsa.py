@@ -13,8 +13,8 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder, TransformerModel
 from fairseq.models.transformer import transformer_legacy as legacy
-from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
 from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
 from ..modules.per_head import ACTIVATIONS

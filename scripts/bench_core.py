@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    parser.add_argument("--out", type=Path, help="write the Markdown table here")
+    parser.add_argument("--out", type=Path, help="write the Markdown table (with a line of settings) here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "method:length", run in a subprocess
     args = parser.parse_args()
     if args.one:

@@ -29,7 +29,7 @@ if [[ "${MTSA_FAIRSEQ_OWN_FAIRSEQ:-0}" == "1" ]]; then
   echo "[setup] 2/4 keeping the fairseq already installed"
   "$venv/bin/python" -c 'import fairseq' || { echo "[setup] error: no importable fairseq" >&2; exit 1; }
 else
-  echo "[setup] 2/4 fairseq-fixed (compiled once against this torch, a few minutes; cached by pip after)"
+  echo "[setup] 2/4 fairseq-fixed (compiled against this torch: a few minutes)"
   "${pip[@]}" install -q --no-build-isolation --no-deps --no-binary fairseq-fixed --require-hashes \
     -r "$root/requirements/fairseq.txt"
 fi

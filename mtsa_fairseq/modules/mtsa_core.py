@@ -120,18 +120,18 @@ def _dropout(x: Tensor, keep: float, training: bool) -> Tensor:
 
 
 def _query_chunks(
-    batch: int, heads: int, length: int, key_len: int, mode: str | None, include_self: bool, chunk: int | None
+    batch: int, heads: int, length: int, mode: str | None, chunk: int | None
 ) -> Iterator[tuple[int, int, int, int]]:
     """Yield ``(q_start, q_end, k_start, k_end)``: query chunks and the key window they can see."""
-    size = chunk or max(1, CHUNK_ELEMENTS // max(1, batch * heads * key_len))
+    size = chunk or max(1, CHUNK_ELEMENTS // max(1, batch * heads * length))
     for start in range(0, length, size):
         end = min(length, start + size)
         if mode == "forward":
             yield start, end, 0, end
         elif mode == "backward":
-            yield start, end, start, key_len
+            yield start, end, start, length
         else:
-            yield start, end, 0, key_len
+            yield start, end, 0, length
 
 
 def _flex_available() -> bool:
@@ -228,24 +228,24 @@ def mtsa_core(
     use = _choose_kernel(kernel, token2token, q, dropout_active)
     scale = 1.0 / math.sqrt(d_k)
 
-    s2t_num = _dropout(s2t, keep, dropout_active)
+    num_values = v * _dropout(s2t, keep, dropout_active)  # numerator values, E_S dropped once for all chunks
     if use == "flex":
-        return _flex_sigmoid(q, k, v * s2t_num, s2t, key_padding_mask, groups, include_self, scale)
+        return _flex_sigmoid(q, k, num_values, s2t, key_padding_mask, groups, include_self, scale)
     keys_real = None if key_padding_mask is None else ~key_padding_mask
     out = q.new_empty(batch, num_heads, length, v.shape[-1])
     pos = torch.arange(length, device=q.device)
     for heads, mode in groups:
-        qh, kh, vh, sh, sh_num = q[:, heads], k[:, heads], v[:, heads], s2t[:, heads], s2t_num[:, heads]
+        qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], s2t[:, heads]
         if use == "sdpa" and mode is None and include_self:
-            out[:, heads] = _sdpa_ratio(qh, kh, vh * sh_num, sh, _key_mask(keys_real), scale, dropout_active, keep)
+            out[:, heads] = _sdpa_ratio(qh, kh, nh, sh, _key_mask(keys_real), scale, dropout_active, keep)
             continue
-        for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], length, length, mode, include_self, query_chunk_size):
+        for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], length, mode, query_chunk_size):
             mask = positional_mask(pos[q0:q1, None], pos[None, k0:k1], mode, include_self)
             mask = None if mask is None else mask[None, None]
             if keys_real is not None:
                 key_mask = keys_real[:, None, None, k0:k1]
                 mask = key_mask if mask is None else mask & key_mask
-            args = (qh[:, :, q0:q1], kh[:, :, k0:k1], vh[:, :, k0:k1] * sh_num[:, :, k0:k1], sh[:, :, k0:k1])
+            args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1])
             if use == "sdpa":
                 out[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep)
             else:

@@ -8,7 +8,9 @@ import os
 
 from setuptools import find_packages, setup
 
-requirements = ["torch>=2.6", "numpy", "sacrebleu>=2.0"]
+requirements = [
+    "torch>=2.6", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses", "scipy", "matplotlib", "pyyaml",
+]
 if os.environ.get("MTSA_FAIRSEQ_OWN_FAIRSEQ") != "1":
     requirements.append("fairseq-fixed==0.12.3.1")
 

@@ -108,6 +108,99 @@ def test_nmt_module_rejects_bad_options():
         m(x, x, x, attn_mask=torch.zeros(5, 5))
 
 
+# ---------------------------------------------------------------- causal MTSA (decoder self-attention)
+
+
+def future_mask(length, dtype=torch.float64):
+    """fairseq's ``buffered_future_mask``: -inf strictly above the diagonal."""
+    return torch.triu(torch.full((length, length), float("-inf"), dtype=dtype), 1)
+
+
+def decode_incrementally(m, x, pad=None, chunks=None, state=None):
+    """Feed ``x`` (T x B x C) through ``m`` in steps of ``chunks`` positions with one cache."""
+    state = {} if state is None else state
+    outs, start = [], 0
+    for size in chunks or [1] * x.shape[0]:
+        xt = x[start:start + size]
+        mask = None if pad is None else pad[:, start:start + size]
+        outs.append(m(xt, xt, xt, key_padding_mask=mask, incremental_state=state)[0])
+        start += size
+    return torch.cat(outs), state
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, dict(s2t_input="k"), dict(s2t_activation="sigmoid", s2t_hidden_activation="relu")]
+)
+def test_causal_module_matches_literal_and_incremental(kwargs):
+    m = MTSAMultiheadAttention(16, 4, causal=True, **kwargs).double().eval()
+    assert m.direction == "forward"
+    x = torch.randn(7, 3, 16, dtype=torch.float64)
+    full, _ = m(x, x, x, attn_mask=future_mask(7))
+    torch.testing.assert_close(full, nmt_literal(m, x, None), rtol=0, atol=1e-10)
+    for chunks in ([1] * 7, [3, 1, 2, 1]):  # one token per step, and several at a time
+        steps, state = decode_incrementally(m, x, chunks=chunks)
+        torch.testing.assert_close(steps, full, rtol=0, atol=1e-10)
+    cache = m._get_input_buffer(state)
+    assert {name: tuple(t.shape) for name, t in cache.items() if t is not None} == {
+        "prev_key": (3, 4, 7, 4), "prev_value": (3, 4, 7, 4), "prev_s2t": (3, 4, 7, 4)
+    }
+
+
+def test_causal_module_float32_cache_equals_full_forward_to_1e5():
+    m = MTSAMultiheadAttention(64, 8, causal=True, s2t_bias_init=5.0).eval()
+    x = torch.randn(20, 4, 64) * 3
+    full, _ = m(x, x, x, attn_mask=future_mask(20, torch.float32))
+    steps, _ = decode_incrementally(m, x)
+    torch.testing.assert_close(steps, full, rtol=0, atol=1e-5)
+
+
+def test_causal_module_is_causal_and_handles_right_padding():
+    m = MTSAMultiheadAttention(16, 4, causal=True).double().eval()
+    x = torch.randn(8, 2, 16, dtype=torch.float64)
+    out, _ = m(x, x, x, attn_mask=future_mask(8))
+    later = x.clone()
+    later[5:] += torch.randn(3, 2, 16, dtype=torch.float64) * 10
+    out_later, _ = m(later, later, later, attn_mask=future_mask(8))
+    torch.testing.assert_close(out_later[:5], out[:5], rtol=0, atol=1e-12)
+    assert (out_later[5:] - out[5:]).abs().max() > 1e-3
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[1, 6:] = True  # targets are right-padded
+    padded, _ = m(x, x, x, key_padding_mask=pad, attn_mask=future_mask(8))
+    torch.testing.assert_close(padded, nmt_literal(m, x, pad), rtol=0, atol=1e-10)
+    steps, _ = decode_incrementally(m, x, pad=pad, chunks=[2, 3, 3])
+    torch.testing.assert_close(steps, padded, rtol=0, atol=1e-10)
+
+
+def test_causal_module_cache_follows_beam_reordering():
+    m = MTSAMultiheadAttention(16, 4, causal=True).double().eval()
+    x = torch.randn(6, 3, 16, dtype=torch.float64)
+    _, state = decode_incrementally(m, x[:4])
+    order = torch.tensor([2, 0, 0])
+    m.reorder_incremental_state(state, order)  # fairseq's, inherited: index_select on dim 0
+    rest = x[4:, order]
+    tail, _ = decode_incrementally(m, rest, state=state)
+    state_free = torch.cat([x[:4, order], rest])
+    full, _ = m(state_free, state_free, state_free, attn_mask=future_mask(6))
+    torch.testing.assert_close(tail, full[4:], rtol=0, atol=1e-10)
+
+
+def test_causal_module_rejects_what_it_cannot_honour():
+    with pytest.raises(ValueError, match="sigmoid source2token"):
+        MTSAMultiheadAttention(16, 4, causal=True, s2t_activation="exp")
+    with pytest.raises(ValueError, match="bi_directional"):
+        MTSAMultiheadAttention(16, 4, causal=True, bi_directional=True)
+    m = MTSAMultiheadAttention(16, 4, causal=True)
+    x = torch.randn(5, 2, 16)
+    with pytest.raises(ValueError, match="future mask"):
+        m(x, x, x, attn_mask=torch.zeros(5, 5))
+    with pytest.raises(ValueError, match="future mask"):
+        m(x, x, x, attn_mask=future_mask(4, torch.float32))
+    bool_mask = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(m(x, x, x, attn_mask=bool_mask)[0], m(x, x, x)[0])
+    with pytest.raises(NotImplementedError, match="causal=True"):
+        MTSAMultiheadAttention(16, 4)(x, x, x, incremental_state={})
+
+
 # ---------------------------------------------------------------- sentence MTSA (reference 2)
 
 

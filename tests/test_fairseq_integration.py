@@ -1,7 +1,9 @@
 """End to end through fairseq's own entry points, on a tiny synthetic corpus made here."""
 
+import math
 import os
 import pickle
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -130,16 +132,20 @@ def test_crafted_checkpoint_with_a_callable_is_refused(tmp_path, monkeypatch):
     assert not marker.exists()
 
 
-def _params(tmp_path: Path, arch: str) -> int:
-    for lang in ("en", "de"):  # a joined dictionary of 32,768 entries, as in the paper's setup
-        (tmp_path / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(32_768 - 4)))
+def _build(tmp_path: Path, arch: str, *extra: str, vocab: int = 32_768):
+    for lang in ("en", "de"):  # a joined dictionary of `vocab` entries (32,768 as in the paper's setup)
+        (tmp_path / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(vocab - 4)))
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser, [str(tmp_path), "--user-dir", USER_DIR, "--arch", arch, "--share-all-embeddings", "--task",
-                 "translation", "-s", "en", "-t", "de"]
+                 "translation", "-s", "en", "-t", "de", *extra]
     )
-    model = tasks.setup_task(args).build_model(args)
-    return sum(p.numel() for p in model.parameters())
+    task = tasks.setup_task(args)
+    return task, task.build_model(args)
+
+
+def _params(tmp_path: Path, arch: str, *extra: str) -> int:
+    return sum(p.numel() for p in _build(tmp_path, arch, *extra)[1].parameters())
 
 
 def test_transformer_mtsa_wmt_en_de_parameter_count(tmp_path):
@@ -147,3 +153,122 @@ def test_transformer_mtsa_wmt_en_de_parameter_count(tmp_path):
     mtsa = _params(tmp_path, "transformer_mtsa_wmt_en_de")
     assert base == 44_138_496 + 512 * 32_768
     assert mtsa - base == 6 * 8 * (64 * 64 + 64) == 199_680
+    both = _params(tmp_path, "transformer_mtsa_wmt_en_de", "--decoder-self-attention-type", "mtsa")
+    assert both - base == 12 * 8 * (64 * 64 + 64)
+    assert _params(tmp_path, "transformer_mtsa_wmt_en_de", "--encoder-self-attention-type", "standard") == base
+
+
+# ---------------------------------------------------------------- MTSA in the decoder
+
+
+def _sources(task, rows: list[list[int]]):
+    """A left-padded source batch, as fairseq's translation task builds it."""
+    pad, eos = task.source_dictionary.pad(), task.source_dictionary.eos()
+    width = max(len(r) for r in rows) + 1
+    tokens = torch.full((len(rows), width), pad)
+    for b, r in enumerate(rows):
+        tokens[b, width - len(r) - 1:] = torch.tensor([*r, eos])
+    return tokens, torch.tensor([len(r) + 1 for r in rows])
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, None)])
+def test_sequence_generator_with_decoder_mtsa_equals_full_forward(tmp_path, dtype, atol):
+    """Beam search decodes incrementally (cached k, v, E_S); every hypothesis' per-token scores must
+    equal the full-sequence forward of the same tokens. In bf16: runs, finite, same shapes."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    task, model = _build(tmp_path, "transformer_mtsa_tiny", "--decoder-self-attention-type", "mtsa",
+                         "--decoder-layers", "3", vocab=48)
+    model = model.to(dtype).eval()
+    src_tokens, src_lengths = _sources(task, [[5, 9, 11, 7, 20, 6], [8, 12, 30], [14, 15, 16, 17]])
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=12, min_len=4)
+    with torch.no_grad():
+        hypos = generator.generate([model], {"net_input": {"src_tokens": src_tokens, "src_lengths": src_lengths}})
+        for b, beam in enumerate(hypos):
+            real = src_tokens[b, src_tokens[b] != task.source_dictionary.pad()][None]
+            for hypo in beam:
+                tokens = hypo["tokens"][None]
+                prev = torch.cat([tokens.new_full((1, 1), task.target_dictionary.eos()), tokens[:, :-1]], 1)
+                out = model(real, torch.tensor([real.shape[1]]), prev)
+                lprobs = model.get_normalized_probs(out, log_probs=True)
+                full = lprobs.gather(-1, tokens[..., None])[0, :, 0]
+                assert torch.isfinite(hypo["positional_scores"]).all()
+                if atol is not None:
+                    torch.testing.assert_close(hypo["positional_scores"], full.float(), rtol=0, atol=atol)
+    assert len(hypos) == 3 and all(len(beam) == 3 for beam in hypos)
+
+
+def test_decoder_mtsa_rejects_exp_source2token_at_build(tmp_path):
+    with pytest.raises(ValueError, match="--mtsa-s2t-activation"):
+        _build(tmp_path, "transformer_mtsa_tiny", "--decoder-self-attention-type", "mtsa",
+               "--mtsa-s2t-activation", "exp", vocab=48)
+
+
+def test_bf16_training_step_is_finite(tmp_path):
+    """fairseq 0.12's --bf16 implies --tpu, so the CPU check drives the model and criterion in bf16
+    directly: forward, NLL loss and backward through encoder and decoder MTSA."""
+    task, model = _build(tmp_path, "transformer_mtsa_tiny", "--decoder-self-attention-type", "mtsa",
+                         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", vocab=48)
+    model = model.to(torch.bfloat16).train()
+    src_tokens, src_lengths = _sources(task, [[5, 9, 11, 7, 20, 6], [8, 12, 30]])
+    target = torch.tensor([[6, 7, 8, 9, 2], [10, 11, 2, 1, 1]])
+    prev = torch.tensor([[2, 6, 7, 8, 9], [2, 10, 11, 1, 1]])
+    out = model(src_tokens, src_lengths, prev)
+    assert out[0].dtype == torch.bfloat16
+    lprobs = model.get_normalized_probs(out, log_probs=True)  # fairseq's log_softmax runs in float32
+    loss = torch.nn.functional.nll_loss(lprobs.view(-1, lprobs.shape[-1]), target.view(-1), ignore_index=1)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(grads) > 0 and all(torch.isfinite(g).all() for g in grads)
+    assert any(".self_attn.s2t.weight" in n and p.grad.abs().sum() > 0 for n, p in model.named_parameters()
+               if "decoder" in n)
+
+
+def test_decoder_mtsa_trains_in_fp16_and_generates(trained, tmp_path):
+    """fairseq-train --fp16 on CPU (fp16 master-weight copies without flattening, which would need CUDA),
+    then fairseq-generate --fp16 with beam search through the cached MTSA decoder."""
+    root, _ = trained
+    save = tmp_path / "dec"
+    proc = run("fairseq-train", *train_args(root / "bin", save, "--arch", "transformer_mtsa_tiny", "--max-update", "12",
+                                            "--decoder-self-attention-type", "mtsa", "--fp16",
+                                            "--fp16-no-flatten-grads", "--log-interval", "4"))
+    losses = [float(x.split("| loss ")[1].split()[0]) for x in proc.stdout.splitlines() if "| loss " in x]
+    assert losses and all(math.isfinite(x) for x in losses)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
+    assert any(k.startswith("decoder.layers.0.self_attn.s2t") for k in state["model"])
+    gen = run("fairseq-generate", str(root / "bin"), "--user-dir", USER_DIR, "--path", str(save / "checkpoint_last.pt"),
+              "--cpu", "--fp16", "--beam", "3", "--batch-size", "16", "--required-batch-size-multiple", "1")
+    scores = [float(line.split("\t")[1]) for line in gen.stdout.splitlines() if line.startswith("H-")]
+    assert len(scores) == 20 and all(math.isfinite(x) for x in scores)
+
+
+# ---------------------------------------------------------------- data-parallel training on CPU
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_process_gloo_training_and_its_checkpoint_loads(trained, tmp_path):
+    root, _ = trained
+    save = tmp_path / "ddp"
+    port = _free_port()
+    common = train_args(root / "bin", save, "--arch", "transformer_mtsa_tiny", "--max-update", "8",
+                        "--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo", "--distributed-no-spawn",
+                        "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-world-size", "2",
+                        "--disable-validation")
+    procs = [subprocess.Popen([str(BIN / "fairseq-train"), *common, "--distributed-rank", str(rank)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+             for rank in (0, 1)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    assert "distributed init (rank 0)" in logs[0] and "distributed init (rank 1)" in logs[1]
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
+    assert state["optimizer_history"][-1]["num_updates"] == 8
+    assert state["cfg"]["distributed_training"]["distributed_world_size"] == 2
+    gen = run("fairseq-generate", str(root / "bin"), "--user-dir", USER_DIR, "--path", str(save / "checkpoint_last.pt"),
+              "--cpu", "--beam", "2", "--batch-size", "16", "--required-batch-size-multiple", "1")
+    assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 20

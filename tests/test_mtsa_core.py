@@ -251,3 +251,22 @@ def test_bad_shapes():
         mtsa_core(q, k, v, s2t, torch.zeros(B, L))
     with pytest.raises(ValueError, match="v and s2t"):
         mtsa_core(q, k, v, s2t[..., :2])
+    with pytest.raises(ValueError, match="more queries than keys"):
+        mtsa_core(torch.cat([q, q], 2), k, v, s2t)
+    with pytest.raises(ValueError, match="no incremental decoding"):
+        mtsa_core(q[:, :, -2:], k, v, s2t, token2token="sigmoid", kernel="flex")
+
+
+@pytest.mark.parametrize("t2t,kernel", [("exp", "sdpa"), ("exp", "dense"), ("sigmoid", "dense")])
+@pytest.mark.parametrize("direction", [None, "bi", "forward", "backward"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("last", [1, 4])
+def test_last_queries_equal_the_last_rows(t2t, kernel, direction, include_self, last):
+    """Incremental decoding: queries for the last positions only give the full result's last rows."""
+    q, k, v, s2t = make_inputs()
+    pad = padding(left=False)
+    full = mtsa_core(q, k, v, s2t, pad, direction, include_self, t2t, kernel=kernel)
+    for chunk in (None, 1):
+        tail = mtsa_core(q[:, :, -last:], k, v, s2t, pad, direction, include_self, t2t, kernel=kernel,
+                         query_chunk_size=chunk)
+        torch.testing.assert_close(tail, full[:, :, -last:], rtol=0, atol=1e-12)

@@ -1,7 +1,8 @@
-"""fairseq's Transformer with MTSA as the encoder self-attention (reference section 1).
+"""fairseq's Transformer with MTSA as the encoder self-attention (reference section 1), and
+optionally as the decoder self-attention (causal, with cached incremental decoding).
 
-Everything except the encoder self-attention is fairseq's own: the model, encoder and layer classes
-are extended through their hooks (``build_encoder``, ``build_encoder_layer``,
+Everything else is fairseq's own: the model, encoder, decoder and layer classes are extended through
+their hooks (``build_encoder``/``build_decoder``, ``build_encoder_layer``/``build_decoder_layer``,
 ``build_self_attention``), and each architecture takes every default of its fairseq counterpart.
 """
 
@@ -11,16 +12,18 @@ from argparse import ArgumentParser, Namespace
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerEncoder, TransformerModel
+from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder, TransformerModel
 from fairseq.models.transformer import transformer_legacy as legacy
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import nn
 
 from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
 from ..modules.per_head import ACTIVATIONS
 
 MTSA_DEFAULTS = {  # what the authors ran (reference 1.3, Setup 2)
     "encoder_self_attention_type": "mtsa",
+    "decoder_self_attention_type": "standard",
     "mtsa_s2t_input": "v",
     "mtsa_s2t_activation": "scaled_sigmoid",
     "mtsa_s2t_bias_init": 0.0,
@@ -29,13 +32,31 @@ MTSA_DEFAULTS = {  # what the authors ran (reference 1.3, Setup 2)
 }
 
 
+def _mtsa_options(cfg: TransformerConfig) -> dict:
+    """The ``--mtsa-*`` options shared by encoder and decoder self-attention."""
+    hidden = getattr(cfg, "mtsa_s2t_hidden_activation", "none")
+    return {
+        "s2t_input": getattr(cfg, "mtsa_s2t_input", "v"),
+        "s2t_activation": getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
+        "s2t_bias_init": getattr(cfg, "mtsa_s2t_bias_init", 0.0),
+        "s2t_hidden_activation": None if hidden == "none" else hidden,
+    }
+
+
+def _wrap_layer(layer: nn.Module, cfg: TransformerConfig) -> nn.Module:
+    """The activation-checkpoint and FSDP wrapping fairseq's encoder and decoder apply to a new layer."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
 class MTSAEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer whose self-attention is :class:`MTSAMultiheadAttention`."""
 
-    def build_self_attention(self, embed_dim: int, cfg: TransformerConfig):
+    def build_self_attention(self, embed_dim: int, cfg: TransformerConfig) -> nn.Module:
         if getattr(cfg, "encoder_self_attention_type", "mtsa") != "mtsa":
             return super().build_self_attention(embed_dim, cfg)
-        hidden = getattr(cfg, "mtsa_s2t_hidden_activation", "none")
         bi_directional = getattr(cfg, "mtsa_bi_directional", False)
         if bi_directional and cfg.encoder.attention_heads % 2:
             raise ValueError(
@@ -48,27 +69,59 @@ class MTSAEncoderLayer(TransformerEncoderLayerBase):
             dropout=cfg.attention_dropout,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
-            s2t_input=getattr(cfg, "mtsa_s2t_input", "v"),
-            s2t_activation=getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
-            s2t_bias_init=getattr(cfg, "mtsa_s2t_bias_init", 0.0),
-            s2t_hidden_activation=None if hidden == "none" else hidden,
             bi_directional=bi_directional,
+            **_mtsa_options(cfg),
+        )
+
+
+class MTSADecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer; with ``--decoder-self-attention-type mtsa`` its self-attention is a
+    causal :class:`MTSAMultiheadAttention` (encoder-decoder attention stays fairseq's)."""
+
+    def build_self_attention(
+        self, embed_dim: int, cfg: TransformerConfig, add_bias_kv: bool = False, add_zero_attn: bool = False
+    ) -> nn.Module:
+        if getattr(cfg, "decoder_self_attention_type", "standard") != "mtsa":
+            return super().build_self_attention(embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
+        if cfg.cross_self_attention or add_bias_kv or add_zero_attn:
+            raise ValueError(
+                "--decoder-self-attention-type mtsa is a plain causal self-attention: it cannot be combined with "
+                "--cross-self-attention, add_bias_kv or add_zero_attn"
+            )
+        options = _mtsa_options(cfg)
+        if not options["s2t_activation"].endswith("sigmoid"):
+            raise ValueError(
+                "--decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or scaled_sigmoid, got "
+                f"{options['s2t_activation']}: exp source2token weights are shifted by a sequence-wide maximum, "
+                "which is not causal"
+            )
+        return MTSAMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            causal=True,
+            **options,
         )
 
 
 class TransformerMTSAEncoder(TransformerEncoder):
-    def build_encoder_layer(self, args):
+    def build_encoder_layer(self, args: Namespace) -> nn.Module:
         cfg = TransformerConfig.from_namespace(args)
-        layer = MTSAEncoderLayer(cfg, return_fc=self.return_fc)
-        if cfg.checkpoint_activations:  # the same wrapping as fairseq's encoder
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
-        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+        return _wrap_layer(MTSAEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class TransformerMTSADecoder(TransformerDecoder):
+    def build_decoder_layer(self, args: Namespace, no_encoder_attn: bool = False) -> nn.Module:
+        cfg = TransformerConfig.from_namespace(args)
+        return _wrap_layer(MTSADecoderLayer(cfg, no_encoder_attn), cfg)
 
 
 @register_model("transformer_mtsa")
 class TransformerMTSAModel(TransformerModel):
-    """Transformer (Vaswani et al., 2017) with multi-mask tensorized self-attention in the encoder."""
+    """Transformer (Vaswani et al., 2017) with multi-mask tensorized self-attention in the encoder
+    (and, on request, in the decoder)."""
 
     @classmethod
     def hub_models(cls) -> dict:
@@ -77,9 +130,13 @@ class TransformerMTSAModel(TransformerModel):
     @staticmethod
     def add_args(parser: ArgumentParser) -> None:
         TransformerModel.add_args(parser)
-        group = parser.add_argument_group("MTSA encoder self-attention")
+        group = parser.add_argument_group("MTSA self-attention")
         group.add_argument("--encoder-self-attention-type", choices=["mtsa", "standard"],
                            help="MTSA or fairseq's multi-head attention in the encoder (ablation); default mtsa")
+        group.add_argument("--decoder-self-attention-type", choices=["standard", "mtsa"],
+                           help="fairseq's multi-head attention (default, as the authors ran) or causal MTSA "
+                                "with cached incremental decoding in the decoder self-attention; MTSA there "
+                                "needs a sigmoid --mtsa-s2t-activation")
         group.add_argument("--mtsa-s2t-input", choices=S2T_INPUTS,
                            help="source2token input: per-head values v (authors' runs) or keys k; default v")
         group.add_argument("--mtsa-s2t-activation", choices=S2T_ACTIVATIONS,
@@ -91,12 +148,18 @@ class TransformerMTSAModel(TransformerModel):
                            help="activation of an extra per-head source2token layer (afn_extra); "
                                 "default none = the single layer the authors ran")
         group.add_argument("--mtsa-bi-directional", action="store_true",
-                           help="forward masks on the first half of the heads, backward on the rest "
-                                "(diagonal included); off as the authors ran")
+                           help="forward masks on the first half of the encoder heads, backward on the rest "
+                                "(diagonal included); off as the authors ran; the decoder is always causal")
 
     @classmethod
-    def build_encoder(cls, args: Namespace, src_dict, embed_tokens):
+    def build_encoder(cls, args: Namespace, src_dict, embed_tokens) -> TransformerEncoder:
         return TransformerMTSAEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args: Namespace, tgt_dict, embed_tokens) -> TransformerDecoder:
+        return TransformerMTSADecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
+        )
 
 
 def _mtsa_defaults(args: Namespace) -> None:

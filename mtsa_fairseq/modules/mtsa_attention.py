@@ -37,6 +37,11 @@ class MTSAMultiheadAttention(MultiheadAttention):
             (``afn_extra``) for a hidden per-head layer (bias 0) before the output layer.
         bi_directional: forward masks on the first H/2 heads and backward on the rest, diagonal
             included (``bi_direction``; off as run).
+        causal: decoder self-attention: every head sees only keys ``i <= j``, and incremental
+            decoding caches ``k``, ``v`` and ``E_S`` (beyond the authors, whose t2t code has no
+            cached MTSA decoding: reference 1.5). Needs a sigmoid source2token activation: the exp
+            forms are shifted by a sequence-wide maximum (reference 8.4), which would let later
+            tokens underflow earlier outputs.
     """
 
     def __init__(
@@ -52,12 +57,21 @@ class MTSAMultiheadAttention(MultiheadAttention):
         s2t_bias_init: float = 0.0,
         s2t_hidden_activation: str | None = None,
         bi_directional: bool = False,
+        causal: bool = False,
     ):
         if s2t_input not in S2T_INPUTS:
             raise ValueError(f"s2t_input must be one of {S2T_INPUTS}, got {s2t_input!r}")
         if s2t_activation not in S2T_ACTIVATIONS:
             raise ValueError(f"s2t_activation must be one of {S2T_ACTIVATIONS}, got {s2t_activation!r}")
-        self.direction = "bi" if bi_directional else None
+        if causal and bi_directional:
+            raise ValueError("causal attention has its own mask; bi_directional head masks would see the future")
+        if causal and not s2t_activation.endswith("sigmoid"):
+            raise ValueError(
+                f"causal MTSA needs a sigmoid source2token activation, got {s2t_activation!r}: exp weights are "
+                "stabilised with a sequence-wide maximum, so later tokens could change earlier outputs"
+            )
+        self.causal = causal
+        self.direction = "forward" if causal else "bi" if bi_directional else None
         head_directions(num_heads, self.direction)  # odd head counts fail here, before any allocation
         super().__init__(
             embed_dim, num_heads, dropout=dropout, bias=bias, self_attention=True,
@@ -99,17 +113,21 @@ class MTSAMultiheadAttention(MultiheadAttention):
         """Self-attention over ``query`` (``T x B x C``); returns ``(T x B x C, None)``.
 
         MTSA's weights are feature-wise (``[B, H, L, L, d_v]``), so no ``[B, L, L]`` attention map is
-        returned. Only key padding masks the scores; incremental decoding, ``attn_mask`` and
-        ``before_softmax`` are not part of the encoder self-attention this module replaces.
+        returned. Key padding masks the scores. A causal module takes the decoder's future mask as
+        ``attn_mask`` (checked, then applied by the kernel itself) and ``incremental_state``: the new
+        positions attend to the cached ``k``, ``v`` and ``E_S`` plus themselves.
         """
         if key is not None and key is not query or value is not None and value is not key:
             raise ValueError("MTSAMultiheadAttention is a self-attention: pass query = key = value")
-        if incremental_state is not None or attn_mask is not None or before_softmax or static_kv:
+        if before_softmax or static_kv:
+            raise NotImplementedError("MTSAMultiheadAttention has no before_softmax or static_kv mode")
+        if not self.causal and (incremental_state is not None or attn_mask is not None):
             raise NotImplementedError(
-                "MTSAMultiheadAttention supports encoder self-attention only "
-                "(no incremental_state, attn_mask, static_kv or before_softmax)"
+                "attn_mask and incremental_state need MTSAMultiheadAttention(causal=True) (decoder self-attention)"
             )
         length, batch, _ = query.shape
+        if attn_mask is not None:
+            _check_future_mask(attn_mask, length)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
 
@@ -118,9 +136,54 @@ class MTSAMultiheadAttention(MultiheadAttention):
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
         e_s = self.source2token(v if self.s2t_input == "v" else k, key_padding_mask)
+        if incremental_state is not None:
+            k, v, e_s, key_padding_mask = self._extend_cache(incremental_state, k, v, e_s, key_padding_mask)
         out = mtsa_core(
             q, k, v, e_s, key_padding_mask=key_padding_mask, direction=self.direction, include_self=True,
             token2token="exp", dropout_p=self.dropout_module.p, training=self.training,
         )
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out), None
+
+    def _extend_cache(
+        self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, e_s: Tensor,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """Append this step's ``[B, H, T, d]`` keys, values and ``E_S`` to the cache and return the
+        whole prefix. Cached tensors are batch-first, so fairseq's ``reorder_incremental_state``
+        (inherited) reorders them for beam search."""
+        saved = self._get_input_buffer(incremental_state)
+        prev_k = saved.get("prev_key")
+        if prev_k is not None:
+            prev_v = saved["prev_value"]
+            prev_s = saved.get("prev_s2t")
+            if prev_s is None:  # a cache filled from outside (``prev_self_attn_state``) has no E_S yet
+                prev_s = self.source2token(prev_v if self.s2t_input == "v" else prev_k, None)
+            prev_mask = saved.get("prev_key_padding_mask")
+            if prev_mask is not None or key_padding_mask is not None:
+                prev_mask = _no_pads(prev_k) if prev_mask is None else prev_mask.to(torch.bool)
+                new_mask = _no_pads(k) if key_padding_mask is None else key_padding_mask
+                key_padding_mask = torch.cat([prev_mask, new_mask], 1)
+            k, v, e_s = torch.cat([prev_k, k], 2), torch.cat([prev_v, v], 2), torch.cat([prev_s, e_s], 2)
+        saved.update(prev_key=k, prev_value=v, prev_s2t=e_s, prev_key_padding_mask=key_padding_mask)
+        self._set_input_buffer(incremental_state, saved)
+        return k, v, e_s, key_padding_mask
+
+
+def _no_pads(x: Tensor) -> Tensor:
+    """An all-False ``[B, T]`` key padding mask for per-head ``x [B, H, T, d]``."""
+    return torch.zeros(x.shape[0], x.shape[2], dtype=torch.bool, device=x.device)
+
+
+def _check_future_mask(attn_mask: Tensor, length: int) -> None:
+    """Accept only fairseq's decoder future mask (``-inf`` or True strictly above the diagonal):
+    MTSA applies causality inside the kernel, so any other mask would be silently ignored."""
+    if attn_mask.shape != (length, length):
+        raise ValueError(f"attn_mask must be the [T, T] = {(length, length)} future mask, got {tuple(attn_mask.shape)}")
+    future = torch.ones(length, length, dtype=torch.bool, device=attn_mask.device).triu(1)
+    if attn_mask.dtype == torch.bool:
+        ok = torch.equal(attn_mask, future)
+    else:
+        ok = bool((attn_mask == 0).eq(~future).all()) and bool(torch.isneginf(attn_mask[future]).all())
+    if not ok:
+        raise ValueError("MTSAMultiheadAttention(causal=True) accepts only the decoder's future mask as attn_mask")

@@ -120,18 +120,20 @@ def _dropout(x: Tensor, keep: float, training: bool) -> Tensor:
 
 
 def _query_chunks(
-    batch: int, heads: int, length: int, mode: str | None, chunk: int | None
+    batch: int, heads: int, q_len: int, k_len: int, mode: str | None, chunk: int | None
 ) -> Iterator[tuple[int, int, int, int]]:
-    """Yield ``(q_start, q_end, k_start, k_end)``: query chunks and the key window they can see."""
-    size = chunk or max(1, CHUNK_ELEMENTS // max(1, batch * heads * length))
-    for start in range(0, length, size):
-        end = min(length, start + size)
+    """Yield ``(q_start, q_end, k_start, k_end)``: query chunks and the key window they can see.
+    Queries sit at key positions ``k_len - q_len ...`` (incremental decoding appends them last)."""
+    size = chunk or max(1, CHUNK_ELEMENTS // max(1, batch * heads * k_len))
+    offset = k_len - q_len
+    for start in range(0, q_len, size):
+        end = min(q_len, start + size)
         if mode == "forward":
-            yield start, end, 0, end
+            yield start, end, 0, offset + end
         elif mode == "backward":
-            yield start, end, start, length
+            yield start, end, offset + start, k_len
         else:
-            yield start, end, 0, length
+            yield start, end, 0, k_len
 
 
 def _flex_available() -> bool:
@@ -166,16 +168,20 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None) -> None:
-    if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"q and k must both be [B, H, L, d_k], got {tuple(q.shape)} and {tuple(k.shape)}")
-    if v.dim() != 4 or v.shape[:3] != q.shape[:3] or s2t.shape != v.shape:
+    if q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
         raise ValueError(
-            f"v and s2t must both be [B, H, L, d_v] matching q, got {tuple(v.shape)} and {tuple(s2t.shape)}"
+            f"q and k must be [B, H, L_q, d_k] and [B, H, L, d_k], got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(f"more queries than keys: L_q = {q.shape[2]} > L = {k.shape[2]}")
+    if v.dim() != 4 or v.shape[:3] != k.shape[:3] or s2t.shape != v.shape:
+        raise ValueError(
+            f"v and s2t must both be [B, H, L, d_v] matching k, got {tuple(v.shape)} and {tuple(s2t.shape)}"
         )
     if key_padding_mask is not None:
-        if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (q.shape[0], q.shape[2]):
+        if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (k.shape[0], k.shape[2]):
             raise ValueError(
-                f"key_padding_mask must be bool [B, L] = {(q.shape[0], q.shape[2])}, "
+                f"key_padding_mask must be bool [B, L] = {(k.shape[0], k.shape[2])}, "
                 f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
             )
 
@@ -197,7 +203,8 @@ def mtsa_core(
     """Multi-mask tensorized self-attention over per-head tensors (see the module docstring).
 
     Args:
-        q, k: ``[B, H, L, d_k]``, unscaled (``1/sqrt(d_k)`` is applied here).
+        q, k: ``[B, H, L_q, d_k]`` and ``[B, H, L, d_k]``, unscaled (``1/sqrt(d_k)`` is applied here).
+            ``L_q < L`` is incremental decoding: the queries are the last ``L_q`` positions.
         v, s2t: ``[B, H, L, d_v]``; ``s2t`` holds the source2token weights ``E_S`` (non-negative,
             query-independent, possibly rescaled per (batch, head, feature): reference 8.4).
         key_padding_mask: bool ``[B, L]``, True at padding keys.
@@ -214,33 +221,41 @@ def mtsa_core(
             each chunk's ``[B, H, chunk, L]`` tensor under 2**24 elements).
 
     Returns:
-        ``[B, H, L, d_v]``; rows with no allowed key are 0.
+        ``[B, H, L_q, d_v]``; rows with no allowed key are 0.
     """
     _check_inputs(q, k, v, s2t, key_padding_mask)
     if token2token not in TOKEN2TOKEN:
         raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    batch, num_heads, length, d_k = q.shape
+    batch, num_heads, q_len, d_k = q.shape
+    k_len = k.shape[2]
     groups = head_directions(num_heads, direction)
     keep = math.sqrt(1.0 - dropout_p)
     dropout_active = training and dropout_p > 0.0
     use = _choose_kernel(kernel, token2token, q, dropout_active)
+    if use == "flex" and q_len != k_len:
+        raise ValueError("kernel='flex' needs as many queries as keys (no incremental decoding)")
     scale = 1.0 / math.sqrt(d_k)
 
     num_values = v * _dropout(s2t, keep, dropout_active)  # numerator values, E_S dropped once for all chunks
     if use == "flex":
         return _flex_sigmoid(q, k, num_values, s2t, key_padding_mask, groups, include_self, scale)
     keys_real = None if key_padding_mask is None else ~key_padding_mask
-    out = q.new_empty(batch, num_heads, length, v.shape[-1])
-    pos = torch.arange(length, device=q.device)
+    out = q.new_empty(batch, num_heads, q_len, v.shape[-1])
+    pos = torch.arange(k_len, device=q.device)
+    q_pos = pos[k_len - q_len:]
     for heads, mode in groups:
         qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], s2t[:, heads]
-        if use == "sdpa" and mode is None and include_self:
+        if use == "sdpa" and include_self and (mode is None or mode == "forward" and q_len == 1):
+            # no positional mask, or one new query that sees every earlier key
             out[:, heads] = _sdpa_ratio(qh, kh, nh, sh, _key_mask(keys_real), scale, dropout_active, keep)
             continue
-        for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], length, mode, query_chunk_size):
-            mask = positional_mask(pos[q0:q1, None], pos[None, k0:k1], mode, include_self)
+        if use == "sdpa" and include_self and mode == "forward" and keys_real is None and q_len == k_len:
+            out[:, heads] = _sdpa_ratio(qh, kh, nh, sh, None, scale, dropout_active, keep, is_causal=True)
+            continue
+        for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], q_len, k_len, mode, query_chunk_size):
+            mask = positional_mask(q_pos[q0:q1, None], pos[None, k0:k1], mode, include_self)
             mask = None if mask is None else mask[None, None]
             if keys_real is not None:
                 key_mask = keys_real[:, None, None, k0:k1]
@@ -264,10 +279,11 @@ def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
 
 def _sdpa_ratio(
     q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
-    scale: float, dropout_active: bool, keep: float,
+    scale: float, dropout_active: bool, keep: float, is_causal: bool = False,
 ) -> Tensor:
     """``SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities only
-    (reference 8.3) and 0 on rows without an allowed key."""
+    (reference 8.3) and 0 on rows without an allowed key; ``is_causal`` is the kernel's own
+    forward-with-self mask (no mask tensor at all)."""
     empty = None
     if mask is not None:
         empty = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
@@ -276,9 +292,10 @@ def _sdpa_ratio(
         else:
             empty = None
     num = F.scaled_dot_product_attention(
-        q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale
+        q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
+        is_causal=is_causal,
     )
-    den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=mask, scale=scale)
+    den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=mask, scale=scale, is_causal=is_causal)
     out = _guarded_ratio(num, den)
     return out if empty is None else out.masked_fill(empty, 0.0)
 

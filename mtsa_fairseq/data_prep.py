@@ -1,0 +1,548 @@
+"""Prepare a raw parallel corpus for fairseq: normalise, filter, sentencepiece, binarise.
+
+Used by ``scripts/prepare_data.py``; writes the prepared data directory (``manifest.json``, ``bin/``,
+``spm.model``, ``raw/``) described by :func:`build_manifest`.
+
+Reading. Inputs are UTF-8 text, plain or gzip-compressed (recognised by their magic bytes, whatever the
+file name). Lines end at ``\\n`` only: a stray ``\\r`` or U+2028 inside a line does not split it, so the
+line counts checked for alignment are the ones every later step sees. Bytes that are not UTF-8 become
+U+FFFD.
+
+Normalisation (:func:`normalize`), applied to both sides of every split before sentencepiece:
+
+1. control characters (Unicode category Cc) are removed, except that the whitespace ones (tab, CR, LF,
+   VT, FF, NEL, ...) become spaces; the byte-order mark U+FEFF is removed;
+2. Unicode normalisation form NFKC (default), NFC, or none;
+3. leading and trailing whitespace is stripped and each internal run of whitespace becomes one space.
+
+What it is not: no Moses tokenisation, punctuation normalisation, truecasing or lowercasing.
+Sentencepiece works on this raw text, with its own normalisation switched off (``identity``), so decoding
+the pieces of a sentence gives back exactly its normalised text.
+
+Filters apply to TRAINING pairs only: a pair with an empty side after normalisation is dropped; after
+encoding, a pair is dropped when either side has more than ``max_tokens`` pieces (end-of-sentence not
+counted) or, when ``max_ratio`` is set, the longer side has more than ``max_ratio`` times the pieces of the
+shorter one (the convention of Moses' ``clean-corpus-n.perl``, which fairseq's WMT recipe applies to
+subword units). Lengths are in pieces, so the sentencepiece model is trained on the normalised non-empty
+training pairs and the length filters are applied after it. Valid and test pairs are never dropped: an
+empty test line stays an empty line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unicodedata
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import sentencepiece as spm
+from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+SCHEMA = "mtsa-fairseq.data.v1"
+NORMALIZATIONS = ("nfkc", "nfc", "none")
+MODEL_TYPES = ("unigram", "bpe")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_CHUNK = 10_000
+_PROGRESS_EVERY = 1_000_000
+
+# Cc (U+0000-001F, U+007F-009F): the whitespace ones become spaces, the others (and the BOM) are deleted.
+_CONTROL = {c: (" " if chr(c).isspace() else None) for c in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROL[0xFEFF] = None
+
+
+class DataError(ValueError):
+    """Bad input or configuration, reported to the user as one line."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A parallel corpus: two line-aligned files."""
+
+    src: Path
+    tgt: Path
+
+
+@dataclass(frozen=True)
+class NamedCorpus:
+    """A named test set: becomes fairseq subset ``test``, ``test1``, ... in the order given."""
+
+    name: str
+    src: Path
+    tgt: Path
+
+
+@dataclass
+class PrepareConfig:
+    """Everything :func:`prepare` needs. Exactly one of ``valid`` and ``valid_every`` is set."""
+
+    source_lang: str
+    target_lang: str
+    train: list[Corpus]
+    out: Path
+    valid: Corpus | None = None
+    valid_every: int | None = None
+    tests: list[NamedCorpus] = field(default_factory=list)
+    vocab_size: int = 32_000
+    model_type: str = "unigram"
+    character_coverage: float = 1.0
+    spm_input_sentence_size: int = 10_000_000
+    max_tokens: int = 256
+    max_ratio: float | None = None
+    normalization: str = "nfkc"
+    workers: int = 1
+    seed: int = 1
+    overwrite: bool = False
+
+
+@dataclass
+class TrainStats:
+    """Training pairs read (held-out valid pairs excluded), kept, and dropped by reason."""
+
+    lines: int = 0
+    dropped_empty: int = 0
+    dropped_too_long: int = 0
+    dropped_ratio: int = 0
+
+    @property
+    def kept(self) -> int:
+        return self.lines - self.dropped_empty - self.dropped_too_long - self.dropped_ratio
+
+
+# ----------------------------------------------------------------------------------------------- text
+
+
+def normalize(text: str, form: str = "nfkc") -> str:
+    """Normalise one line (see the module docstring); ``form`` is ``nfkc``, ``nfc`` or ``none``."""
+    if form not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalization {form!r}; choose from {', '.join(NORMALIZATIONS)}")
+    text = text.translate(_CONTROL)
+    if form != "none":
+        text = unicodedata.normalize(form.upper(), text)
+    return " ".join(text.split())
+
+
+def filter_reason(src_len: int, tgt_len: int, max_tokens: int, max_ratio: float | None) -> str | None:
+    """Why a training pair of ``src_len`` / ``tgt_len`` pieces is dropped (empty, too_long, ratio), or None."""
+    if src_len == 0 or tgt_len == 0:
+        return "empty"
+    if src_len > max_tokens or tgt_len > max_tokens:
+        return "too_long"
+    if max_ratio is not None and max(src_len, tgt_len) > max_ratio * min(src_len, tgt_len):
+        return "ratio"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def open_binary(path: Path):
+    """Open ``path`` for reading bytes, decompressing gzip."""
+    return gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")
+
+
+def open_text(path: Path) -> TextIO:
+    """Open ``path`` as UTF-8 text (gzip or plain) with lines ending at ``\\n`` only."""
+    if _is_gzip(path):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
+    return open(path, encoding="utf-8", errors="replace", newline="\n")
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of ``path`` without their ``\\n``."""
+    with open_text(path) as f:
+        for line in f:
+            yield line[:-1] if line.endswith("\n") else line
+
+
+def count_lines(path: Path) -> int:
+    """Number of lines as :func:`iter_lines` yields them (a last line without ``\\n`` counts)."""
+    n, last = 0, b"\n"
+    try:
+        with open_binary(path) as f:
+            while block := f.read(1 << 20):
+                n += block.count(b"\n")
+                last = block[-1:]
+    except (OSError, EOFError) as e:
+        raise DataError(f"cannot read {path}: {e}") from e
+    return n + (last != b"\n")
+
+
+def check_pair(src: Path, tgt: Path, what: str) -> int:
+    """Check that both files exist, are non-empty and have the same number of lines; return that number."""
+    counts = []
+    for path in (src, tgt):
+        if not path.is_file():
+            raise DataError(f"{what}: file not found: {path}")
+        n = count_lines(path)
+        if n == 0:
+            raise DataError(f"{what}: empty file: {path}")
+        counts.append(n)
+    if counts[0] != counts[1]:
+        raise DataError(f"{what}: misaligned line counts: {src} has {counts[0]} lines, {tgt} has {counts[1]}")
+    return counts[0]
+
+
+# --------------------------------------------------------------------------------------- validation
+
+
+def _check_dir_target(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise DataError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
+        if not (out / "manifest.json").is_file():
+            raise DataError(f"--overwrite refuses to replace {out}: it is not a prepared data directory "
+                            "(no manifest.json)")
+
+
+def validate(cfg: PrepareConfig) -> dict[str, int]:
+    """Check everything that can be checked before writing; return line counts by split name.
+
+    Keys: ``train`` (all training pairs, held-out valid ones included), ``valid``, and each test name.
+    """
+    for flag, lang in (("--source-lang", cfg.source_lang), ("--target-lang", cfg.target_lang)):
+        if not _NAME.fullmatch(lang):
+            raise DataError(f"{flag} {lang!r} is not a valid language code (letters, digits, '.', '_', '-')")
+    if cfg.source_lang == cfg.target_lang:
+        raise DataError(f"--source-lang and --target-lang are both {cfg.source_lang!r}")
+    if not cfg.train:
+        raise DataError("no --train corpus given")
+    if (cfg.valid is None) == (cfg.valid_every is None):
+        raise DataError("give exactly one of --valid and --valid-from-train")
+    if cfg.valid_every is not None and cfg.valid_every < 2:
+        raise DataError(f"--valid-from-train must be at least 2, got {cfg.valid_every}")
+    for flag, value, low in (("--vocab-size", cfg.vocab_size, 1), ("--max-tokens-per-sentence", cfg.max_tokens, 1),
+                             ("--spm-input-sentence-size", cfg.spm_input_sentence_size, 1),
+                             ("--workers", cfg.workers, 1)):
+        if value < low:
+            raise DataError(f"{flag} must be at least {low}, got {value}")
+    if cfg.max_ratio is not None and cfg.max_ratio < 1:
+        raise DataError(f"--max-length-ratio must be at least 1, got {cfg.max_ratio}")
+    if not 0.98 <= cfg.character_coverage <= 1.0:  # sentencepiece's own bounds
+        raise DataError(f"--character-coverage must be in [0.98, 1.0], got {cfg.character_coverage}")
+    if cfg.model_type not in MODEL_TYPES:
+        raise DataError(f"--model-type must be one of {', '.join(MODEL_TYPES)}, got {cfg.model_type!r}")
+    if cfg.normalization not in NORMALIZATIONS:
+        raise DataError(f"--normalization must be one of {', '.join(NORMALIZATIONS)}, got {cfg.normalization!r}")
+    names = [t.name for t in cfg.tests]
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise DataError(f"--test name {name!r} must be letters, digits, '.', '_', '-' (it names raw/ files)")
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
+        raise DataError(f"duplicate --test name: {', '.join(dupes)}")
+    _check_dir_target(cfg.out, cfg.overwrite)
+
+    counts = {"train": sum(check_pair(c.src, c.tgt, "--train") for c in cfg.train)}
+    if cfg.valid is not None:
+        counts["valid"] = check_pair(cfg.valid.src, cfg.valid.tgt, "--valid")
+    else:
+        counts["valid"] = counts["train"] // cfg.valid_every
+        if counts["valid"] == 0:
+            raise DataError(f"--valid-from-train {cfg.valid_every} holds out nothing: the training data has only "
+                            f"{counts['train']} lines")
+    for t in cfg.tests:
+        counts[t.name] = check_pair(t.src, t.tgt, f"--test {t.name}")
+    return counts
+
+
+# ------------------------------------------------------------------------------------ normalisation
+
+
+def _open_out(path: Path) -> TextIO:
+    return open(path, "w", encoding="utf-8", newline="\n")
+
+
+def normalize_train(corpora: list[Corpus], form: str, out: tuple[Path, Path], valid_every: int | None = None,
+                    valid_out: tuple[Path, Path] | None = None,
+                    log: Callable[[str], None] = print) -> tuple[TrainStats, int]:
+    """Normalise the concatenated training corpora into ``out``, dropping pairs with an empty side.
+
+    With ``valid_every`` = N, every N-th pair (1-based, over the concatenation) goes, unfiltered, to
+    ``valid_out`` instead. Returns the training statistics and the number of held-out pairs.
+    """
+    stats, held_out, index = TrainStats(), 0, 0
+    with ExitStack() as stack:
+        train_files = [stack.enter_context(_open_out(p)) for p in out]
+        valid_files = [stack.enter_context(_open_out(p)) for p in valid_out or ()]
+        for corpus in corpora:
+            for raw_src, raw_tgt in zip(iter_lines(corpus.src), iter_lines(corpus.tgt)):
+                index += 1
+                if index % _PROGRESS_EVERY == 0:
+                    log(f"[prepare] normalised {index:,} training pairs")
+                src, tgt = normalize(raw_src, form), normalize(raw_tgt, form)
+                if valid_every is not None and index % valid_every == 0:
+                    held_out += 1
+                    files = valid_files
+                else:
+                    stats.lines += 1
+                    if not src or not tgt:
+                        stats.dropped_empty += 1
+                        continue
+                    files = train_files
+                files[0].write(src + "\n")
+                files[1].write(tgt + "\n")
+    return stats, held_out
+
+
+def normalize_file(src: Path, dst: Path, form: str) -> None:
+    """Normalise every line of ``src`` into ``dst``; no line is dropped."""
+    with _open_out(dst) as f:
+        for line in iter_lines(src):
+            f.write(normalize(line, form) + "\n")
+
+
+def copy_decompressed(src: Path, dst: Path) -> None:
+    """Copy ``src`` byte for byte, decompressing gzip."""
+    with open_binary(src) as fin, open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+# ------------------------------------------------------------------------------------ sentencepiece
+
+
+def train_sentencepiece(inputs: list[Path], model_prefix: Path, vocab_size: int, model_type: str = "unigram",
+                        character_coverage: float = 1.0, input_sentence_size: int = 10_000_000, workers: int = 1,
+                        seed: int = 1) -> spm.SentencePieceProcessor:
+    """Train one sentencepiece model on all lines of ``inputs`` (sampled down to ``input_sentence_size``)."""
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.train(
+            input=[str(p) for p in inputs], model_prefix=str(model_prefix), vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            input_sentence_size=input_sentence_size, shuffle_input_sentence=True, num_threads=workers,
+            normalization_rule_name="identity", minloglevel=1,
+        )
+    except RuntimeError as e:
+        message = str(e)
+        if m := re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", message):
+            raise DataError(f"--vocab-size {m[1]} is too large for this training data: sentencepiece "
+                            f"({model_type}) allows at most {m[2]}") from e
+        raise DataError(f"sentencepiece training failed: {message.splitlines()[0] if message else e!r}") from e
+    return spm.SentencePieceProcessor(model_file=f"{model_prefix}.model")
+
+
+class PieceEncoder:
+    """Encode lines to space-separated pieces; unknown characters become ``<unk>`` (fairseq's unknown word)."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, workers: int = 1):
+        self.sp, self.workers = sp, workers
+        self.pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        self.pieces[sp.unk_id()] = "<unk>"
+
+    def encode(self, lines: list[str]) -> list[list[str]]:
+        ids = self.sp.encode(lines, num_threads=self.workers)
+        return [[self.pieces[i] for i in sent] for sent in ids]
+
+
+def _chunks(path: Path) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in iter_lines(path):
+        chunk.append(line)
+        if len(chunk) >= _CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def encode_file(encoder: PieceEncoder, src: Path, dst: Path) -> None:
+    """Encode every line of ``src`` into ``dst``; an empty line stays empty."""
+    with _open_out(dst) as f:
+        for chunk in _chunks(src):
+            f.writelines(" ".join(pieces) + "\n" for pieces in encoder.encode(chunk))
+
+
+def encode_train(encoder: PieceEncoder, src: tuple[Path, Path], dst: tuple[Path, Path], stats: TrainStats,
+                 max_tokens: int, max_ratio: float | None, log: Callable[[str], None] = print) -> None:
+    """Encode the normalised training pairs and apply the length filters, counting drops in ``stats``."""
+    done = 0
+    with _open_out(dst[0]) as fsrc, _open_out(dst[1]) as ftgt:
+        for chunk_src, chunk_tgt in zip(_chunks(src[0]), _chunks(src[1])):
+            for s, t in zip(encoder.encode(chunk_src), encoder.encode(chunk_tgt)):
+                reason = filter_reason(len(s), len(t), max_tokens, max_ratio)
+                if reason is None:
+                    fsrc.write(" ".join(s) + "\n")
+                    ftgt.write(" ".join(t) + "\n")
+                else:
+                    setattr(stats, f"dropped_{reason}", getattr(stats, f"dropped_{reason}") + 1)
+            before, done = done, done + len(chunk_src)
+            if done // _PROGRESS_EVERY > before // _PROGRESS_EVERY:
+                log(f"[prepare] encoded {done:,} training pairs")
+
+
+# ------------------------------------------------------------------------------------------- fairseq
+
+
+def binarize(workdir: Path, source_lang: str, target_lang: str, num_tests: int, workers: int) -> None:
+    """Run ``fairseq-preprocess --joined-dictionary`` on ``workdir/work/{train,valid,test*}`` into ``workdir/bin``.
+
+    Paths are relative to ``workdir`` because fairseq splits ``--testpref`` on commas.
+    """
+    cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", source_lang, "--target-lang", target_lang,
+           "--trainpref", "work/train", "--validpref", "work/valid", "--destdir", "bin", "--joined-dictionary",
+           "--workers", str(workers)]
+    if num_tests:
+        cmd += ["--testpref", ",".join(f"work/test{k}" for k in range(num_tests))]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise DataError(f"fairseq-preprocess failed with exit code {proc.returncode}: {tail[0]}")
+
+
+def subset_name(k: int) -> str:
+    """fairseq's name for the k-th ``--testpref``: test, test1, test2, ..."""
+    return "test" if k == 0 else f"test{k}"
+
+
+def binarized_sizes(bin_dir: Path, subset: str, source_lang: str, target_lang: str) -> tuple[int, int]:
+    """Number of sentences of ``subset`` on each side of a fairseq-preprocess output directory."""
+    paths = [str(bin_dir / f"{subset}.{source_lang}-{target_lang}.{lang}") for lang in (source_lang, target_lang)]
+    src, tgt = (len(MMapIndexedDataset(p)) if MMapIndexedDataset.exists(p) else 0 for p in paths)
+    return src, tgt
+
+
+def dictionary_size(bin_dir: Path, lang: str) -> int:
+    """Entries of fairseq's dictionary (its 4 special symbols included)."""
+    with open(bin_dir / f"dict.{lang}.txt", encoding="utf-8") as f:
+        return 4 + sum(1 for _ in f)
+
+
+# ------------------------------------------------------------------------------------------ manifest
+
+
+def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid_lines: int,
+                   test_lines: dict[str, int]) -> dict:
+    """The ``manifest.json`` of a prepared directory (schema ``mtsa-fairseq.data.v1``, paths relative to it).
+
+    ``train.lines`` counts training pairs read (held-out valid pairs excluded), ``train.kept`` those binarised;
+    ``tests`` maps each test name to its fairseq subset, line count and untouched source/reference text.
+    """
+    src, tgt = cfg.source_lang, cfg.target_lang
+    return {
+        "schema": SCHEMA, "source_lang": src, "target_lang": tgt, "data_bin": "bin", "spm_model": "spm.model",
+        "vocab_size": vocab_size, "normalization": cfg.normalization,
+        "train": {"lines": train.lines, "kept": train.kept, "dropped_empty": train.dropped_empty,
+                  "dropped_too_long": train.dropped_too_long, "dropped_ratio": train.dropped_ratio},
+        "valid": {"lines": valid_lines, "subset": "valid"},
+        "tests": {t.name: {"subset": subset_name(k), "lines": test_lines[t.name], "source": f"raw/{t.name}.{src}",
+                           "reference": f"raw/{t.name}.{tgt}"} for k, t in enumerate(cfg.tests)},
+    }
+
+
+# ------------------------------------------------------------------------------------------- prepare
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    out.rename(old / out.name)
+    tmp.rename(out)
+    shutil.rmtree(old)
+
+
+def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
+    """Validate, then write the prepared directory ``cfg.out``; return its manifest.
+
+    Everything is written into a hidden temporary sibling of ``cfg.out`` that is renamed into place at the
+    end; on any error (or interrupt) it is removed and ``cfg.out`` is left as it was.
+    """
+    counts = validate(cfg)
+    src_lang, tgt_lang = cfg.source_lang, cfg.target_lang
+    out = cfg.out.absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        work = tmp / "work"
+        (tmp / "raw").mkdir()
+        work.mkdir()
+
+        def w(split: str, lang: str) -> Path:
+            return work / f"{split}.{lang}"
+
+        log(f"[prepare] normalising {counts['train']:,} training pairs ({cfg.normalization})")
+        norm_train = (w("train.norm", src_lang), w("train.norm", tgt_lang))
+        norm_valid = (w("valid.norm", src_lang), w("valid.norm", tgt_lang))
+        stats, held_out = normalize_train(cfg.train, cfg.normalization, norm_train, cfg.valid_every,
+                                          norm_valid if cfg.valid_every else None, log)
+        if cfg.valid is not None:
+            for path, dst in zip((cfg.valid.src, cfg.valid.tgt), norm_valid):
+                normalize_file(path, dst, cfg.normalization)
+        else:
+            log(f"[prepare] held out every {cfg.valid_every}th training pair as valid: {held_out:,} pairs")
+        for k, t in enumerate(cfg.tests):
+            for path, lang in ((t.src, src_lang), (t.tgt, tgt_lang)):
+                copy_decompressed(path, tmp / "raw" / f"{t.name}.{lang}")
+                normalize_file(path, w(f"test{k}.norm", lang), cfg.normalization)
+        if stats.kept == 0:
+            raise DataError(f"no training pairs left: all {stats.lines} have an empty side after normalisation")
+
+        log(f"[prepare] training a joint sentencepiece {cfg.model_type} model, vocabulary {cfg.vocab_size:,}, "
+            f"on {stats.kept:,} pairs")
+        sp = train_sentencepiece(list(norm_train), tmp / "spm", cfg.vocab_size, cfg.model_type,
+                                 cfg.character_coverage, cfg.spm_input_sentence_size, cfg.workers, cfg.seed)
+        encoder = PieceEncoder(sp, cfg.workers)
+
+        log("[prepare] encoding to pieces and filtering training pairs")
+        encode_train(encoder, norm_train, (w("train", src_lang), w("train", tgt_lang)), stats, cfg.max_tokens,
+                     cfg.max_ratio, log)
+        if stats.kept == 0:
+            raise DataError(f"no training pairs left after the length filters (--max-tokens-per-sentence "
+                            f"{cfg.max_tokens}, --max-length-ratio {cfg.max_ratio})")
+        splits = [("valid", "valid.norm")] + [(f"test{k}", f"test{k}.norm") for k in range(len(cfg.tests))]
+        for split, norm in splits:
+            for lang in (src_lang, tgt_lang):
+                encode_file(encoder, w(norm, lang), w(split, lang))
+
+        log(f"[prepare] fairseq-preprocess --joined-dictionary --workers {cfg.workers}")
+        binarize(tmp, src_lang, tgt_lang, len(cfg.tests), cfg.workers)
+        expected = {"train": stats.kept, "valid": counts["valid"]}
+        expected.update({subset_name(k): counts[t.name] for k, t in enumerate(cfg.tests)})
+        for subset, n in expected.items():
+            sizes = binarized_sizes(tmp / "bin", subset, src_lang, tgt_lang)
+            if sizes != (n, n):
+                raise DataError(f"fairseq-preprocess wrote {sizes} sentences for {subset}, expected {n}")
+
+        manifest = build_manifest(cfg, sp.get_piece_size(), stats, counts["valid"],
+                                  {t.name: counts[t.name] for t in cfg.tests})
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        shutil.rmtree(work)
+        os.chmod(tmp, 0o777 & ~_umask())
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    log(f"[prepare] train: {stats.lines:,} lines, kept {stats.kept:,}, dropped {stats.lines - stats.kept:,} "
+        f"(empty side {stats.dropped_empty:,}, too long {stats.dropped_too_long:,}, "
+        f"length ratio {stats.dropped_ratio:,})")
+    log(f"[prepare] valid: {counts['valid']:,} lines, kept all")
+    for k, t in enumerate(cfg.tests):
+        log(f"[prepare] {subset_name(k)} ({t.name}): {counts[t.name]:,} lines, kept all")
+    log(f"[prepare] vocabulary: {manifest['vocab_size']:,} sentencepiece pieces ({cfg.model_type}), "
+        f"fairseq dictionary {dictionary_size(out / 'bin', src_lang):,} entries")
+    log(f"[prepare] wrote {out}")
+    return manifest
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

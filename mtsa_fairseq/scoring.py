@@ -1,0 +1,338 @@
+"""Scoring fairseq translations with BLEU, and the result-file contract (``mtsa-fairseq.result.v1``).
+
+``scripts/score.py`` runs ``fairseq-generate`` on one test subset, orders the ``H-<id>`` hypotheses by
+sentence id, decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data) and
+scores them against the untouched reference file. Every value is corpus BLEU with one reference,
+case-sensitive:
+
+``sacrebleu``
+    sacreBLEU's default BLEU (``13a`` tokeniser, ``exp`` smoothing) on the detokenised hypotheses; the
+    signature string is stored next to it. This is the number to compare across papers.
+``tokenized_compound_split``
+    what Vaswani et al. (2017) and fairseq's ``compound_split_bleu.sh`` report: hypotheses and references
+    Moses-tokenised (sacremoses, ``escape=False``, target language), hyphenated compounds split
+    (``(\\S)-(\\S)`` -> ``\\1 ##AT##-##AT## \\2``), then BLEU on those tokens with multi-bleu.perl semantics
+    (sacreBLEU with ``tokenize="none"`` and no smoothing). Tokenisation choices move it by about a point,
+    so it is only comparable with numbers computed the same way.
+``t2t_intl``
+    what tensor2tensor's ``t2t-bleu`` reports as ``BLEU_cased``, the MTSA paper's metric: the mteval-v14
+    international tokenisation (sacreBLEU's ``intl`` tokeniser) with the ``exp`` smoothing that t2t's
+    ``compute_bleu`` also applies.
+
+Hypotheses are whitespace-normalised (runs of whitespace, including any line separator a decoded piece
+may contain, become one space), so the hypotheses file has exactly one line per sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULT_SCHEMA = "mtsa-fairseq.result.v1"
+MANIFEST_SCHEMA = "mtsa-fairseq.data.v1"
+RUN_SCHEMA = "mtsa-fairseq.run.v1"
+METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
+
+_HYPOTHESIS = re.compile(r"^H-(\d+)\t")
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+class ScoringError(ValueError):
+    """Bad input for scoring: the message is one line naming the problem."""
+
+
+def read_lines(path: Path) -> list[str]:
+    """Lines of a UTF-8 text file split on ``\\n`` only (a final newline ends the last line)."""
+    text = Path(path).read_text(encoding="utf-8")
+    if not text:
+        return []
+    if text.endswith("\n"):
+        text = text[:-1]
+    return text.split("\n")
+
+
+def write_lines(path: Path, lines: Sequence[str]) -> None:
+    """Write one line per item, each ended by ``\\n``."""
+    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8", newline="\n")
+
+
+def parse_generate_output(text: str) -> dict[int, str]:
+    """Map sentence id -> hypothesis string of the ``H-<id>\\t<score>\\t<tokens>`` lines of fairseq-generate."""
+    hypotheses: dict[int, str] = {}
+    for line in text.split("\n"):
+        match = _HYPOTHESIS.match(line)
+        if not match:
+            continue
+        sentence_id = int(match.group(1))
+        if sentence_id in hypotheses:
+            raise ScoringError(f"fairseq-generate printed two hypotheses for sentence {sentence_id} (use --nbest 1)")
+        fields = line.split("\t", 2)
+        hypotheses[sentence_id] = fields[2] if len(fields) == 3 else ""
+    return hypotheses
+
+
+def ordered_hypotheses(hypotheses: dict[int, str], num_sentences: int, subset: str = "test") -> list[str]:
+    """The hypotheses in sentence-id order; every id ``0 .. num_sentences - 1`` must be present."""
+    if len(hypotheses) != num_sentences or set(hypotheses) != set(range(num_sentences)):
+        missing = sorted(set(range(num_sentences)) - set(hypotheses))
+        detail = f" (missing ids {missing[:5]}{' ...' if len(missing) > 5 else ''})" if missing else ""
+        raise ScoringError(
+            f"fairseq-generate translated {len(hypotheses)} sentences of subset {subset!r} but the reference has "
+            f"{num_sentences} lines{detail}"
+        )
+    return [hypotheses[i] for i in range(num_sentences)]
+
+
+def detokenize(hypotheses: Sequence[str], spm_model: Path | None = None) -> list[str]:
+    """Decode sentencepiece pieces with ``spm_model``, or join whitespace tokens when it is None."""
+    if spm_model is None:
+        return [" ".join(h.split()) for h in hypotheses]
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
+    return [" ".join(processor.decode_pieces(h.split()).split()) for h in hypotheses]
+
+
+def compound_split(text: str) -> str:
+    """Split hyphenated compounds as Vaswani et al. did: ``(\\S)-(\\S)`` -> ``\\1 ##AT##-##AT## \\2``."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
+
+
+def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
+    """Moses tokenisation (sacremoses, no XML escaping) for language ``lang``."""
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang)
+    return [tokenizer.tokenize(line, escape=False, return_str=True) for line in lines]
+
+
+def sacrebleu_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+    """sacreBLEU's default detokenised corpus BLEU and its signature string."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU()
+    score = metric.corpus_score(list(hypotheses), [list(references)])
+    return score.score, str(metric.get_signature())
+
+
+def tokenized_compound_split_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> float:
+    """Tokenised compound-split BLEU (Moses tokens, ``##AT##`` splits, multi-bleu.perl semantics)."""
+    from sacrebleu.metrics import BLEU
+
+    hyps = [compound_split(line) for line in moses_tokenize(hypotheses, lang)]
+    refs = [compound_split(line) for line in moses_tokenize(references, lang)]
+    metric = BLEU(tokenize="none", smooth_method="none", force=True)
+    return metric.corpus_score(hyps, [refs]).score
+
+
+def t2t_intl_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Case-sensitive BLEU with the international tokenisation, as ``t2t-bleu`` computes it."""
+    from sacrebleu.metrics import BLEU
+
+    return BLEU(tokenize="intl").corpus_score(list(hypotheses), [list(references)]).score
+
+
+def bleu_scores(hypotheses: Sequence[str], references: Sequence[str], target_lang: str) -> dict[str, Any]:
+    """The ``bleu`` block of a result file."""
+    if len(hypotheses) != len(references):
+        raise ScoringError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    score, signature = sacrebleu_bleu(hypotheses, references)
+    return {
+        "sacrebleu": score,
+        "signature": signature,
+        "tokenized_compound_split": tokenized_compound_split_bleu(hypotheses, references, target_lang),
+        "t2t_intl": t2t_intl_bleu(hypotheses, references),
+    }
+
+
+def build_result(
+    *,
+    system: str,
+    setup: str | None,
+    arch: str,
+    seed: int | None,
+    checkpoint: Path,
+    num_params: int,
+    test_set: str,
+    subset: str,
+    hypotheses: Path,
+    references: Path,
+    num_sentences: int,
+    bleu: dict[str, Any],
+    generation: dict[str, Any],
+) -> dict[str, Any]:
+    """A result dict in the ``mtsa-fairseq.result.v1`` layout (paths made absolute)."""
+    return {
+        "schema": RESULT_SCHEMA,
+        "system": system,
+        "setup": setup,
+        "arch": arch,
+        "seed": seed,
+        "checkpoint": str(Path(checkpoint).resolve()),
+        "num_params": int(num_params),
+        "test_set": test_set,
+        "subset": subset,
+        "num_sentences": int(num_sentences),
+        "hypotheses": str(Path(hypotheses).resolve()),
+        "references": str(Path(references).resolve()),
+        "bleu": dict(bleu),
+        "generation": dict(generation),
+    }
+
+
+def _read_json(path: Path, schema: str, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ScoringError(f"{what} not found: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ScoringError(f"{what} {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ScoringError(f"{what} {path} has schema {found!r}, expected {schema!r}")
+    return data
+
+
+def read_manifest(data_dir: Path) -> dict[str, Any]:
+    """``DIR/manifest.json`` of a prepared data directory (schema ``mtsa-fairseq.data.v1``)."""
+    return _read_json(Path(data_dir) / "manifest.json", MANIFEST_SCHEMA, "manifest")
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """``RUN/run.json`` of a training run directory (schema ``mtsa-fairseq.run.v1``)."""
+    return _read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file")
+
+
+@dataclass(frozen=True)
+class ScoringInputs:
+    """Where one test set's binarised source, reference text and sentencepiece model are."""
+
+    data_bin: Path
+    subset: str
+    reference: Path
+    spm_model: Path | None
+    source_lang: str | None
+    target_lang: str | None
+    lines: int | None
+
+
+def inputs_from_manifest(data_dir: Path, manifest: dict[str, Any], test_name: str) -> ScoringInputs:
+    """Resolve test set ``test_name`` of a prepared directory (paths in the manifest are relative to it)."""
+    tests = manifest.get("tests") or {}
+    if test_name not in tests:
+        raise ScoringError(f"test set {test_name!r} is not in {Path(data_dir) / 'manifest.json'} "
+                           f"(it has: {', '.join(sorted(tests)) or 'none'})")
+    entry = tests[test_name]
+    for key in ("subset", "reference"):
+        if not entry.get(key):
+            raise ScoringError(f"manifest entry tests.{test_name} has no {key!r}")
+    if not manifest.get("data_bin"):
+        raise ScoringError("manifest has no 'data_bin'")
+    spm = manifest.get("spm_model")
+    return ScoringInputs(
+        data_bin=Path(data_dir) / manifest["data_bin"],
+        subset=entry["subset"],
+        reference=Path(data_dir) / entry["reference"],
+        spm_model=Path(data_dir) / spm if spm else None,
+        source_lang=manifest.get("source_lang"),
+        target_lang=manifest.get("target_lang"),
+        lines=entry.get("lines"),
+    )
+
+
+def read_references(path: Path, expected_lines: int | None = None) -> list[str]:
+    """The reference lines; the file must exist, be non-empty and match ``expected_lines`` when given."""
+    if not Path(path).is_file():
+        raise ScoringError(f"reference file not found: {path}")
+    refs = read_lines(path)
+    if not refs:
+        raise ScoringError(f"reference file is empty: {path}")
+    if expected_lines is not None and len(refs) != expected_lines:
+        raise ScoringError(f"reference file {path} has {len(refs)} lines, the manifest says {expected_lines}")
+    return refs
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint says about itself."""
+
+    arch: str
+    num_params: int
+    seed: int | None
+    source_lang: str | None
+    target_lang: str | None
+
+
+def checkpoint_info(checkpoint: Path, data_bin: Path) -> CheckpointInfo:
+    """Build the model saved in ``checkpoint`` (dictionaries from ``data_bin``) and count its parameters.
+
+    Importing this module imported the ``mtsa_fairseq`` package, which registers the architectures and
+    allow-lists what fairseq checkpoints pickle.
+    """
+    from fairseq import checkpoint_utils
+
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data_bin)}
+    )
+    arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None)
+    return CheckpointInfo(
+        arch=str(arch),
+        num_params=sum(p.numel() for p in models[0].parameters()),
+        seed=getattr(cfg.common, "seed", None),
+        source_lang=getattr(task.cfg, "source_lang", None),  # inferred from data_bin when not saved
+        target_lang=getattr(task.cfg, "target_lang", None),
+    )
+
+
+def generate_command(
+    data_bin: Path,
+    checkpoint: Path,
+    subset: str,
+    *,
+    beam: int,
+    lenpen: float,
+    max_len_a: float,
+    max_len_b: int,
+    max_tokens: int | None,
+    batch_size: int | None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    cpu: bool = False,
+    fp16: bool = False,
+) -> list[str]:
+    """The ``fairseq-generate`` command line that translates every sentence of ``subset``."""
+    executable = Path(sys.executable).parent / "fairseq-generate"
+    cmd = [
+        str(executable) if executable.exists() else "fairseq-generate", str(data_bin),
+        "--user-dir", str(Path(__file__).resolve().parent), "--path", str(checkpoint), "--gen-subset", subset,
+        "--beam", str(beam), "--lenpen", str(lenpen), "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b),
+        "--nbest", "1", "--required-batch-size-multiple", "1", "--num-workers", "0",
+    ]
+    if max_tokens is not None:
+        cmd += ["--max-tokens", str(max_tokens)]
+    if batch_size is not None:
+        cmd += ["--batch-size", str(batch_size)]
+    if source_lang:
+        cmd += ["--source-lang", source_lang]
+    if target_lang:
+        cmd += ["--target-lang", target_lang]
+    if cpu:
+        cmd.append("--cpu")
+    if fp16:
+        cmd.append("--fp16")
+    return cmd
+
+
+def run_generate(cmd: Sequence[str]) -> str:
+    """Run fairseq-generate and return its standard output; a failure raises with the end of its stderr."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+        raise RuntimeError(f"fairseq-generate failed with exit code {proc.returncode}:\n" + "\n".join(tail))
+    return proc.stdout

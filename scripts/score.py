@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Translate one test set with one checkpoint (fairseq-generate) and write its BLEU result file.
+
+Writes OUT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<OUT stem>.hyp.txt).
+BLEU values: sacreBLEU (detokenised, with its signature), tokenised compound-split BLEU (Vaswani et al.)
+and t2t-bleu's case-sensitive international-tokenisation BLEU; see mtsa_fairseq/scoring.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from mtsa_fairseq import scoring
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--checkpoint", type=Path, help="checkpoint to score (a run.json beside it is read too)")
+    model.add_argument("--run-dir", type=Path, help="training run directory: its run.json names the checkpoint, "
+                                                    "system, setup and seed")
+    data = parser.add_argument_group("data (either --data/--test or --data-bin/--reference)")
+    data.add_argument("--data", type=Path, help="prepared data directory with manifest.json")
+    data.add_argument("--test", help="with --data: test set name in manifest.json (e.g. newstest2014); with "
+                                     "--data-bin: name recorded in the result (default: the subset)")
+    data.add_argument("--data-bin", type=Path, help="fairseq-preprocess output directory")
+    data.add_argument("--gen-subset", default="test", help="with --data-bin: subset to translate (default: test)")
+    data.add_argument("--reference", type=Path, help="with --data-bin: untouched reference text, one sentence a line")
+    data.add_argument("--spm-model", type=Path, help="with --data-bin: sentencepiece model to decode hypotheses "
+                                                     "(default: join whitespace tokens)")
+    data.add_argument("--source-lang", help="with --data-bin: source language (default: the checkpoint's)")
+    data.add_argument("--target-lang", help="with --data-bin: target language, also used by the Moses tokeniser "
+                                            "(default: the checkpoint's)")
+    parser.add_argument("--out", type=Path, required=True, help="result file to write (JSON)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT and its hypotheses file if they exist")
+    parser.add_argument("--system", help="system name in the result (default: run.json's, else the arch)")
+    parser.add_argument("--setup", help="setup name in the result (default: run.json's, else none)")
+    parser.add_argument("--seed", type=int, help="seed in the result (default: run.json's, else the checkpoint's)")
+    gen = parser.add_argument_group("generation (defaults: the MTSA paper's t2t decoding)")
+    gen.add_argument("--beam", type=int, default=4, help="beam size (default: 4)")
+    gen.add_argument("--lenpen", type=float, default=0.6,
+                     help="length penalty (default: 0.6, t2t's alpha; fairseq divides scores by length**lenpen, "
+                          "t2t by ((5 + length) / 6)**alpha)")
+    gen.add_argument("--max-len-a", type=float, default=0, help="max length = a * source length + b (default: 0)")
+    gen.add_argument("--max-len-b", type=int, default=200, help="max length = a * source length + b (default: 200)")
+    gen.add_argument("--max-tokens", type=int, help="tokens per batch (default: 4096 unless --batch-size is given)")
+    gen.add_argument("--batch-size", type=int, help="sentences per batch")
+    gen.add_argument("--cpu", action="store_true", help="translate on the CPU")
+    gen.add_argument("--fp16", action="store_true", help="translate in half precision (GPU)")
+    return parser
+
+
+def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Path, dict | None]:
+    """The checkpoint to score and the run.json that describes it (if any)."""
+    try:
+        if args.run_dir is not None:
+            run = scoring.read_run(args.run_dir)
+            if run.get("status") != "done":
+                parser.error(f"run {args.run_dir} has status {run.get('status')!r}, not 'done'")
+            if not run.get("checkpoint"):
+                parser.error(f"{args.run_dir / 'run.json'} names no checkpoint")
+            checkpoint = Path(run["checkpoint"])
+            checkpoint = checkpoint if checkpoint.is_absolute() else args.run_dir / checkpoint
+        else:
+            checkpoint = args.checkpoint
+            run = scoring.read_run(checkpoint.parent) if (checkpoint.parent / "run.json").is_file() else None
+    except scoring.ScoringError as exc:
+        parser.error(str(exc))
+    if not checkpoint.is_file():
+        parser.error(f"checkpoint not found: {checkpoint}")
+    return checkpoint, run
+
+
+def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[scoring.ScoringInputs, str]:
+    """The test set inputs and the test set name."""
+    if (args.data is None) == (args.data_bin is None):
+        parser.error("give either --data DIR --test NAME or --data-bin DIR --reference FILE")
+    try:
+        if args.data is not None:
+            if not args.test:
+                parser.error("--data needs --test NAME")
+            for name in ("reference", "spm_model", "source_lang", "target_lang"):
+                if getattr(args, name) is not None:
+                    parser.error(f"--{name.replace('_', '-')} goes with --data-bin; --data reads it from manifest.json")
+            inputs = scoring.inputs_from_manifest(args.data, scoring.read_manifest(args.data), args.test)
+            name = args.test
+        else:
+            if args.reference is None:
+                parser.error("--data-bin needs --reference FILE")
+            inputs = scoring.ScoringInputs(args.data_bin, args.gen_subset, args.reference, args.spm_model,
+                                           args.source_lang, args.target_lang, None)
+            name = args.test or args.gen_subset
+    except scoring.ScoringError as exc:
+        parser.error(str(exc))
+    if not inputs.data_bin.is_dir():
+        parser.error(f"data-bin directory not found: {inputs.data_bin}")
+    if inputs.spm_model is not None and not inputs.spm_model.is_file():
+        parser.error(f"sentencepiece model not found: {inputs.spm_model}")
+    return inputs, name
+
+
+def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets up chatty root logging
+    for option in ("beam", "max_len_b", "max_tokens", "batch_size"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            parser.error(f"--{option.replace('_', '-')} must be positive")
+    if args.max_len_a < 0:
+        parser.error("--max-len-a must not be negative")
+    if args.max_tokens is None and args.batch_size is None:
+        args.max_tokens = 4096
+
+    checkpoint, run = resolve_model(args, parser)
+    inputs, test_name = resolve_data(args, parser)
+    try:
+        references = scoring.read_references(inputs.reference, inputs.lines)
+    except scoring.ScoringError as exc:
+        parser.error(str(exc))
+    hyp_path = args.out.with_name(args.out.stem + ".hyp.txt")
+    for path in (args.out, hyp_path):
+        if path.exists() and not args.overwrite:
+            parser.error(f"{path} exists (pass --overwrite to replace it)")
+
+    try:
+        info = scoring.checkpoint_info(checkpoint, inputs.data_bin)
+    except Exception as exc:  # fairseq raises many kinds for unloadable checkpoints
+        raise SystemExit(f"error: cannot load checkpoint {checkpoint}: {type(exc).__name__}: {exc}") from exc
+    source_lang = inputs.source_lang or info.source_lang
+    target_lang = inputs.target_lang or info.target_lang
+    if not target_lang:
+        parser.error("the target language is unknown: pass --target-lang")
+    generation = {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
+    cmd = scoring.generate_command(
+        inputs.data_bin, checkpoint, inputs.subset, max_tokens=args.max_tokens, batch_size=args.batch_size,
+        source_lang=source_lang, target_lang=target_lang, cpu=args.cpu, fp16=args.fp16, **generation,
+    )
+    print("running: " + " ".join(cmd), file=sys.stderr)
+    try:
+        output = scoring.run_generate(cmd)
+        hypotheses = scoring.ordered_hypotheses(scoring.parse_generate_output(output), len(references), inputs.subset)
+    except (RuntimeError, scoring.ScoringError) as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    hypotheses = scoring.detokenize(hypotheses, inputs.spm_model)
+    bleu = scoring.bleu_scores(hypotheses, references, target_lang)
+
+    run = run or {}
+    result = scoring.build_result(
+        system=args.system or run.get("system") or info.arch,
+        setup=args.setup or run.get("setup"),
+        arch=info.arch,
+        seed=args.seed if args.seed is not None else run.get("seed", info.seed),
+        checkpoint=checkpoint, num_params=info.num_params, test_set=test_name, subset=inputs.subset,
+        hypotheses=hyp_path, references=inputs.reference, num_sentences=len(references), bleu=bleu,
+        generation=generation,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    scoring.write_lines(hyp_path, hypotheses)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"{test_name} ({len(references)} sentences), {result['system']} seed {result['seed']}, "
+          f"{info.num_params:,} parameters")
+    print(f"sacreBLEU {bleu['sacrebleu']:.2f}  signature: {bleu['signature']}")
+    print(f"tokenized compound-split BLEU {bleu['tokenized_compound_split']:.2f}")
+    print(f"t2t intl BLEU (cased) {bleu['t2t_intl']:.2f}")
+    print(f"wrote {args.out} and {hyp_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""Compare two systems' BLEU over training runs, as in the MTSA paper's Table 6.
+
+Reads result files of scripts/score.py, groups them by setup and test set, runs a t-test over runs
+(Welch's by default) and, for runs of both systems trained with the same seed, sacreBLEU's paired
+bootstrap and approximate randomization tests. Prints a Markdown report; optionally writes it, a JSON
+summary and a PNG plot. See mtsa_fairseq/significance.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from mtsa_fairseq import significance
+from mtsa_fairseq.scoring import METRICS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", type=Path, nargs="+", required=True, metavar="RESULT",
+                        help="result files of the baseline system (several runs, possibly several setups)")
+    parser.add_argument("--system", type=Path, nargs="+", required=True, metavar="RESULT",
+                        help="result files of the system compared with the baseline")
+    parser.add_argument("--test", choices=significance.TESTS, default="welch",
+                        help="t-test over runs: welch (unequal variances, default) or student (pooled variance)")
+    parser.add_argument("--metric", choices=METRICS, default="sacrebleu", help="BLEU value of the result files to "
+                        "compare over runs (default: sacrebleu); paired tests always use sacreBLEU")
+    parser.add_argument("--bootstrap-samples", type=int, default=1000,
+                        help="paired bootstrap resamples (default: 1000)")
+    parser.add_argument("--ar-samples", type=int, default=10000,
+                        help="approximate randomization trials (default: 10000)")
+    parser.add_argument("--seed", type=int, default=12345, help="positive seed of the paired tests' sampling "
+                        "(default: 12345)")
+    parser.add_argument("--names", nargs=2, metavar=("BASELINE", "SYSTEM"),
+                        help='display names, e.g. --names Transformer MTSA (default: the results\' system names)')
+    parser.add_argument("--markdown", type=Path, metavar="OUT.md", help="write the Markdown report here")
+    parser.add_argument("--json", type=Path, metavar="OUT.json", help="write a JSON summary here")
+    parser.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG plot of BLEU per seed here")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets up chatty root logging
+    for option in ("bootstrap_samples", "ar_samples", "seed"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be a positive integer")
+    outputs = [p for p in (args.markdown, args.json, args.plot) if p is not None]
+    if len({p.resolve() for p in outputs}) != len(outputs):
+        parser.error("--markdown, --json and --plot must be different files")
+    for path in outputs:
+        if not path.parent.is_dir():
+            parser.error(f"directory of {path} does not exist")
+    try:
+        comparison = significance.compare(
+            args.baseline, args.system, metric=args.metric, test=args.test,
+            bootstrap_samples=args.bootstrap_samples, ar_samples=args.ar_samples, seed=args.seed,
+        )
+    except significance.SignificanceError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    names = tuple(args.names) if args.names else significance.default_names(comparison)
+    report = significance.render_markdown(comparison, names)
+    summary = json.dumps(significance.comparison_to_json(comparison, names), indent=2) + "\n"
+    sys.stdout.write(report)
+    if args.markdown:
+        args.markdown.write_text(report, encoding="utf-8")
+    if args.json:
+        args.json.write_text(summary, encoding="utf-8")
+    if args.plot:
+        significance.plot(comparison, names, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""mtsa_fairseq.scoring and scripts/score.py, end to end through fairseq's real CLIs on a tiny corpus."""
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+from fairseq import checkpoint_utils
+from sacremoses import MosesTokenizer
+
+import mtsa_fairseq
+from mtsa_fairseq import scoring
+from mtsa_fairseq.toy_corpus import write_corpus
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "score.py"
+USER_DIR = str(Path(mtsa_fairseq.__file__).parent)
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+TINY = [
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+    "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--share-all-embeddings",
+]
+
+# fairseq-generate output as printed with --batch-size 3 (ids come in batch order, not sentence order)
+GENERATE_OUTPUT = """\
+2026-11-22 04:50:01 | INFO | fairseq_cli.generate | loading model(s) from ckpt/checkpoint_last.pt
+S-1\t\u2581the \u2581gardens \u2581hear \u2581the \u2581red \u2581rivers
+T-1\t\u2581die \u2581g\u00e4rten \u2581h\u00f6ren \u2581die \u2581roten \u2581fl\u00fcsse
+H-1\t-0.52\t\u2581Die \u2581G\u00e4rten \u2581h\u00f6ren \u2581die \u2581Zwei - Staaten - L\u00f6sung .
+D-1\t-0.52\t\u2581Die \u2581G\u00e4rten \u2581h\u00f6ren \u2581die \u2581Zwei - Staaten - L\u00f6sung .
+P-1\t-0.5940 -2.8654 -2.7453 -2.9820 -3.1280 -3.3806 -4.5150 -2.6328 -0.8628
+S-0\t\u2581the \u2581old \u2581horse
+T-0\t\u2581das \u2581alte \u2581pferd
+H-0\t-1.91\t\u2581das \u2581alte \u2581Pferd
+D-0\t-1.91\t\u2581das \u2581alte \u2581Pferd
+P-0\t-2.0743 -1.5388 -1.6043 -1.6052
+S-2\t\u2581the \u2581car
+T-2\t\u2581der \u2581wagen
+H-2\t-3.00\t
+D-2\t-3.00\t
+P-2\t-0.7020
+2026-11-22 04:50:02 | INFO | fairseq_cli.generate | NOTE: hypothesis and token scores are output in base 2
+Generate test with beam=4: BLEU4 = 4.38, 12.5/6.0/3.8/1.3 (BP=1.000, ratio=2.316, syslen=88, reflen=38)
+"""
+
+HYPS = ["Die Zwei-Staaten-Lösung ist seit 1967 gut.", "Das ist ein well-known test, nicht wahr?", "Ja"]
+REFS = ["Die Zwei-Staaten-Lösung war seit 1967 gut.", "Das ist ein well-known Test, oder?", "Ja"]
+
+
+def run(tool: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=ENV, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def score(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=ENV,
+                          timeout=600)
+
+
+def test_compound_split():
+    assert scoring.compound_split("Die Zwei-Staaten-Lösung") == "Die Zwei ##AT##-##AT## Staaten ##AT##-##AT## Lösung"
+    # non-overlapping like perl's s///g: the "b" of "a-b" is consumed, so "b-c" stays joined
+    assert scoring.compound_split("a-b-c") == "a ##AT##-##AT## b-c"
+    assert scoring.compound_split("von 3 - 4 -x y-") == "von 3 - 4 -x y-"
+
+
+def test_bleu_functions_equal_sacrebleu():
+    score, signature = scoring.sacrebleu_bleu(HYPS, REFS)
+    reference = sacrebleu.corpus_bleu(HYPS, [REFS])
+    assert score == reference.score
+    assert signature == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__
+    assert scoring.t2t_intl_bleu(HYPS, REFS) == sacrebleu.corpus_bleu(HYPS, [REFS], tokenize="intl").score
+    moses = MosesTokenizer(lang="de")
+    split = [[scoring.compound_split(moses.tokenize(s, escape=False, return_str=True)) for s in side]
+             for side in (HYPS, REFS)]
+    assert "Zwei ##AT##-##AT## Staaten ##AT##-##AT## Lösung" in split[0][0]
+    expected = sacrebleu.corpus_bleu(split[0], [split[1]], tokenize="none", smooth_method="none", force=True).score
+    assert scoring.tokenized_compound_split_bleu(HYPS, REFS, "de") == expected
+    bleu = scoring.bleu_scores(HYPS, REFS, "de")
+    assert bleu == {"sacrebleu": score, "signature": signature, "tokenized_compound_split": expected,
+                    "t2t_intl": scoring.t2t_intl_bleu(HYPS, REFS)}
+
+
+def test_tokenized_compound_split_bleu_by_hand():
+    # tokens: the well ##AT##-##AT## known man ##AT##-##AT## made lake is|was big (10 each)
+    # matches: 9/10 unigrams, 7/9 bigrams, 6/8 trigrams, 5/7 4-grams, no brevity penalty
+    value = scoring.tokenized_compound_split_bleu(["the well-known man-made lake is big"],
+                                                  ["the well-known man-made lake was big"], "en")
+    assert value == pytest.approx(100 * (9 / 10 * 7 / 9 * 6 / 8 * 5 / 7) ** 0.25)
+    # multi-bleu semantics: no smoothing, a missing 4-gram match gives 0
+    assert scoring.tokenized_compound_split_bleu(["a b c x"], ["a b c d"], "en") == 0.0
+
+
+def test_parse_generate_output_orders_by_id():
+    parsed = scoring.parse_generate_output(GENERATE_OUTPUT)
+    assert sorted(parsed) == [0, 1, 2]
+    hyps = scoring.ordered_hypotheses(parsed, 3)
+    assert hyps[0] == "\u2581das \u2581alte \u2581Pferd"
+    assert hyps[1].startswith("\u2581Die \u2581G\u00e4rten")
+    assert hyps[2] == ""
+    assert scoring.detokenize(hyps) == ["\u2581das \u2581alte \u2581Pferd", hyps[1], ""]
+    with pytest.raises(scoring.ScoringError, match="translated 3 sentences of subset 'test' but the reference has 4"):
+        scoring.ordered_hypotheses(parsed, 4)
+    with pytest.raises(scoring.ScoringError, match="missing ids \\[1\\]"):
+        scoring.ordered_hypotheses({0: "a", 2: "b"}, 2)
+    with pytest.raises(scoring.ScoringError, match="two hypotheses for sentence 0"):
+        scoring.parse_generate_output("H-0\t-1\ta\nH-0\t-2\tb\n")
+
+
+def test_detokenize_with_sentencepiece(tmp_path):
+    import sentencepiece
+
+    write_corpus(tmp_path, {"train": 200}, seed=4)
+    sentencepiece.SentencePieceTrainer.train(input=str(tmp_path / "train.de"), model_prefix=str(tmp_path / "spm"),
+                                             vocab_size=60, character_coverage=1.0)
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    lines = scoring.read_lines(tmp_path / "train.de")[:5]
+    pieces = [" ".join(processor.encode(line, out_type=str)) for line in lines]
+    assert pieces[0] != lines[0]
+    assert scoring.detokenize(pieces, tmp_path / "spm.model") == lines
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("score")
+    write_corpus(root / "raw", {"train": 300, "valid": 40, "test": 20}, seed=3)
+    run("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", str(root / "raw/train"),
+        "--validpref", str(root / "raw/valid"), "--testpref", str(root / "raw/test"), "--destdir", str(root / "bin"),
+        "--joined-dictionary", "--workers", "1")
+    run("fairseq-train", str(root / "bin"), "--user-dir", USER_DIR, "--cpu", "--seed", "5", *TINY,
+        "--arch", "transformer_mtsa_tiny", "--optimizer", "adam", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", "1024", "--num-workers", "0", "--no-epoch-checkpoints", "--save-dir", str(root / "ckpt"),
+        "--log-format", "simple", "--max-update", "40")
+    return root
+
+
+def _parameters_in_checkpoint(path: Path) -> int:
+    """Distinct parameter tensors in the saved state dict (shared embeddings counted once, no buffers)."""
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(path))["model"]
+    tensors = {t.untyped_storage().data_ptr(): t for k, t in state.items() if not k.endswith(".version")}
+    return sum(t.numel() for t in tensors.values())
+
+
+def test_score_explicit_data_bin(trained, tmp_path):
+    root = trained
+    out = tmp_path / "res" / "toy.json"
+    proc = score("--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--data-bin", str(root / "bin"),
+                 "--gen-subset", "test", "--reference", str(root / "raw/test.de"), "--out", str(out), "--cpu",
+                 "--batch-size", "7", "--system", "mtsa")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "signature: nrefs:1|case:mixed|eff:no|tok:13a" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["schema"] == "mtsa-fairseq.result.v1"
+    assert (result["system"], result["setup"], result["seed"]) == ("mtsa", None, 5)
+    assert result["arch"] == "transformer_mtsa_tiny"
+    assert result["num_sentences"] == 20 and result["test_set"] == "test" and result["subset"] == "test"
+    assert result["num_params"] == _parameters_in_checkpoint(root / "ckpt/checkpoint_last.pt")
+    assert result["generation"] == {"beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200}
+    hyp_path = Path(result["hypotheses"])
+    assert hyp_path == (tmp_path / "res" / "toy.hyp.txt").resolve()
+    hyps, refs = scoring.read_lines(hyp_path), scoring.read_lines(root / "raw/test.de")
+    assert len(hyps) == 20 and any(hyps)
+    assert result["bleu"] == scoring.bleu_scores(hyps, refs, "de")
+    # the same sentences in the same order as fairseq's own generate prints them
+    gen = run("fairseq-generate", str(root / "bin"), "--user-dir", USER_DIR, "--path",
+              str(root / "ckpt/checkpoint_last.pt"), "--cpu", "--beam", "4", "--lenpen", "0.6", "--max-len-a", "0",
+              "--max-len-b", "200", "--batch-size", "7", "--required-batch-size-multiple", "1", "--num-workers", "0")
+    assert hyps == scoring.ordered_hypotheses(scoring.parse_generate_output(gen.stdout), 20)
+    # fairseq's sentence id is the line number of the test set: the S-<id> line is source line <id>
+    sources = dict(line[2:].split("\t", 1) for line in gen.stdout.splitlines() if line.startswith("S-"))
+    assert [sources[str(i)] for i in range(20)] == scoring.read_lines(root / "raw/test.en")
+
+
+def test_score_prepared_dir_and_run_dir(trained, tmp_path):
+    root = trained
+    data = tmp_path / "prepared"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({
+        "schema": "mtsa-fairseq.data.v1", "source_lang": "en", "target_lang": "de", "data_bin": str(root / "bin"),
+        "spm_model": None, "tests": {"toy2014": {"subset": "test", "lines": 20, "source": str(root / "raw/test.en"),
+                                                 "reference": str(root / "raw/test.de")}},
+    }))
+    run_dir = tmp_path / "setup1_mtsa" / "seed3"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({
+        "schema": "mtsa-fairseq.run.v1", "config": "setup1_mtsa", "system": "mtsa", "setup": "setup1",
+        "arch": "transformer_mtsa_tiny", "seed": 3, "status": "done",
+        "checkpoint": str(root / "ckpt/checkpoint_last.pt"),
+    }))
+    out = tmp_path / "toy2014.json"
+    proc = score("--run-dir", str(run_dir), "--data", str(data), "--test", "toy2014", "--out", str(out), "--cpu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["system"], result["setup"], result["seed"], result["test_set"]) == ("mtsa", "setup1", 3, "toy2014")
+    assert result["num_sentences"] == 20
+    assert result["checkpoint"] == str((root / "ckpt/checkpoint_last.pt").resolve())
+
+
+def test_missing_checkpoint_is_an_error(trained, tmp_path):
+    out = tmp_path / "r.json"
+    proc = score("--checkpoint", str(tmp_path / "nope.pt"), "--data-bin", str(trained / "bin"), "--reference",
+                 str(trained / "raw/test.de"), "--out", str(out))
+    assert proc.returncode != 0
+    assert f"checkpoint not found: {tmp_path / 'nope.pt'}" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", ["exists", "empty_reference", "missing_reference", "unknown_test"])
+def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
+    root = trained
+    out = tmp_path / "r.json"
+    reference = root / "raw/test.de"
+    args = ["--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--out", str(out)]
+    if case == "exists":
+        out.write_text("{}")
+        message = "exists (pass --overwrite to replace it)"
+    elif case == "empty_reference":
+        reference = tmp_path / "empty.de"
+        reference.write_text("")
+        message = "reference file is empty"
+    elif case == "missing_reference":
+        reference = tmp_path / "missing.de"
+        message = "reference file not found"
+    if case == "unknown_test":
+        (tmp_path / "manifest.json").write_text(json.dumps({
+            "schema": "mtsa-fairseq.data.v1", "data_bin": str(root / "bin"), "spm_model": None,
+            "tests": {"newstest2014": {"subset": "test", "reference": str(reference)}}}))
+        args += ["--data", str(tmp_path), "--test", "newstest2017"]
+        message = "test set 'newstest2017' is not in"
+    else:
+        args += ["--data-bin", str(root / "bin"), "--reference", str(reference)]
+    before = sorted(tmp_path.iterdir())
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == before
+    if case == "exists":
+        assert out.read_text() == "{}"
+
+
+def test_checkpoint_info_counts_the_built_model(trained):
+    info = scoring.checkpoint_info(trained / "ckpt/checkpoint_last.pt", trained / "bin")
+    assert info.arch == "transformer_mtsa_tiny"
+    assert (info.seed, info.source_lang, info.target_lang) == (5, "en", "de")
+    assert info.num_params == _parameters_in_checkpoint(trained / "ckpt/checkpoint_last.pt")

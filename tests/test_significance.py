@@ -1,0 +1,262 @@
+"""scripts/significance.py and mtsa_fairseq.significance on small result files written here."""
+
+import json
+import math
+import os
+import random
+import runpy
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+from scipy import stats
+
+from mtsa_fairseq import scoring, significance
+from mtsa_fairseq.toy_corpus import write_corpus
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "significance.py"
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+FAST = ["--bootstrap-samples", "200", "--ar-samples", "300"]
+NOISE = ["xx", "yy", "der", "die", "das", "und"]
+BASELINE = [2.1, 3.4, 2.9, 3.0, 2.5]
+SYSTEM = [3.3, 3.9, 4.4, 3.1]
+
+
+def _hypotheses(refs: list[str], rate: float, rng: random.Random) -> list[str]:
+    return [" ".join(rng.choice(NOISE) if rng.random() < rate else w for w in line.split()) for line in refs]
+
+
+def _write_result(root: Path, refs_path: Path, system: str, setup: str, seed: int, rate: float,
+                  num_params: int) -> Path:
+    refs = scoring.read_lines(refs_path)
+    hyp_path = root / f"{system}_{setup}_seed{seed}.hyp.txt"
+    scoring.write_lines(hyp_path, _hypotheses(refs, rate, random.Random(f"{system}/{setup}/{seed}")))
+    hyps = scoring.read_lines(hyp_path)
+    result = scoring.build_result(
+        system=system, setup=setup, arch=f"{system}_arch", seed=seed, checkpoint=root / "ckpt.pt",
+        num_params=num_params, test_set="toytest", subset="test", hypotheses=hyp_path, references=refs_path,
+        num_sentences=len(refs), bleu=scoring.bleu_scores(hyps, refs, "de"),
+        generation={"beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200},
+    )
+    path = root / f"{system}_{setup}_seed{seed}.json"
+    path.write_text(json.dumps(result))
+    return path
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    write_corpus(root / "raw", {"test": 40}, seed=5)
+    refs = root / "raw" / "test.de"
+    files = {"base": [], "mtsa": []}
+    for setup, base_seeds, sys_seeds in (("setup1", [1, 2, 3], [1, 2, 4]), ("setup2", [1, 2], [1, 2])):
+        files["base"] += [_write_result(root, refs, "transformer", setup, s, 0.45, 61_378_560) for s in base_seeds]
+        files["mtsa"] += [_write_result(root, refs, "mtsa", setup, s, 0.3, 61_578_240) for s in sys_seeds]
+    return root, files
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _run_main(monkeypatch, *argv: str) -> None:
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *argv])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+
+
+@pytest.mark.parametrize("test,equal_var", [("welch", False), ("student", True)])
+def test_t_test_matches_scipy(test, equal_var):
+    ours = significance.t_test(BASELINE, SYSTEM, test)
+    for alternative, p in (("two-sided", ours.p_two_sided), ("greater", ours.p_greater)):
+        ref = stats.ttest_ind(SYSTEM, BASELINE, equal_var=equal_var, alternative=alternative)
+        assert ours.t == pytest.approx(ref.statistic, rel=1e-12)
+        assert ours.df == pytest.approx(ref.df, rel=1e-12)
+        assert p == pytest.approx(ref.pvalue, rel=1e-10)
+    # system worse than baseline: the one-sided p for "system > baseline" is large
+    flipped = significance.t_test(SYSTEM, BASELINE, test)
+    assert flipped.p_greater == pytest.approx(1 - ours.p_greater, rel=1e-10)
+    assert ours.std_baseline == pytest.approx(statistics.stdev(BASELINE))
+    assert (ours.n_baseline, ours.n_system) == (5, 4)
+
+
+def test_t_test_hand_computed():
+    # baseline 1, 2, 3: mean 2, s^2 1; system 2, 4, 6, 8: mean 5, s^2 20/3
+    welch = significance.t_test([1, 2, 3], [2, 4, 6, 8], "welch")
+    assert welch.t == pytest.approx(3 / math.sqrt(1 / 3 + 5 / 3))  # = 2.1213
+    assert welch.df == pytest.approx(2**2 / ((1 / 3) ** 2 / 2 + (5 / 3) ** 2 / 3))  # = 216/53
+    assert welch.df == pytest.approx(216 / 53)
+    student = significance.t_test([1, 2, 3], [2, 4, 6, 8], "student")
+    pooled = (2 * 1 + 3 * 20 / 3) / 5  # 4.4
+    assert student.t == pytest.approx(3 / math.sqrt(pooled * (1 / 3 + 1 / 4)))  # = 1.8726
+    assert student.df == 5
+    assert student.p_greater == pytest.approx(stats.t.sf(student.t, 5))
+    assert student.p_two_sided == pytest.approx(2 * student.p_greater)
+
+
+def test_t_test_rejects_single_runs_and_zero_variance():
+    with pytest.raises(significance.SignificanceError, match="at least 2 runs"):
+        significance.t_test([1.0], [2.0, 3.0])
+    with pytest.raises(significance.SignificanceError, match="same BLEU"):
+        significance.t_test([1.0, 1.0], [2.0, 2.0])
+
+
+def test_paired_tests_are_deterministic_and_match_sacrebleu(results, monkeypatch):
+    _, files = results
+    base, mtsa = _load(files["base"][0]), _load(files["mtsa"][0])
+    h0, h1 = scoring.read_lines(Path(base["hypotheses"])), scoring.read_lines(Path(mtsa["hypotheses"]))
+    refs = scoring.read_lines(Path(base["references"]))
+    monkeypatch.delenv("SACREBLEU_SEED", raising=False)
+    for test_type, n in (("bs", 200), ("ar", 300)):
+        first = significance.paired_test(h0, h1, refs, test_type, n, seed=7)
+        assert significance.paired_test(h0, h1, refs, test_type, n, seed=7) == first
+        assert "SACREBLEU_SEED" not in os.environ
+        with monkeypatch.context() as m:
+            m.setenv("SACREBLEU_SEED", "7")
+            _, scores = PairedTest(named_systems=[("baseline", h0), ("system", h1)],
+                                   metrics={"BLEU": BLEU(references=[refs])}, references=None,
+                                   test_type=test_type, n_samples=n)()
+        assert first == (scores["BLEU"][0].score, scores["BLEU"][1].score, scores["BLEU"][1].p_value)
+        assert first[:2] == pytest.approx((base["bleu"]["sacrebleu"], mtsa["bleu"]["sacrebleu"]))
+        assert 0 < first[2] <= 1
+
+
+def test_table6_markdown(results):
+    _, files = results
+    comparison = significance.compare(files["base"], files["mtsa"], bootstrap_samples=200, ar_samples=300, seed=3)
+    text = significance.render_markdown(comparison, ("Transformer", "MTSA"))
+    values = {(side, setup): [] for side in ("base", "mtsa") for setup in ("setup1", "setup2")}
+    for side in ("base", "mtsa"):
+        for path in files[side]:
+            values[side, _load(path)["setup"]].append(_load(path)["bleu"]["sacrebleu"])
+
+    def cell(side, setup):
+        v = values[side, setup]
+        return f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}"
+
+    def p(setup, alternative):
+        ref = stats.ttest_ind(values["mtsa", setup], values["base", setup], equal_var=False, alternative=alternative)
+        return significance.format_p(ref.pvalue)
+
+    assert "| Model | Param# | setup1 · toytest BLEU | setup2 · toytest BLEU |" in text
+    assert f"| Transformer | 61.38M | {cell('base', 'setup1')} | {cell('base', 'setup2')} |" in text
+    assert f"| MTSA | 61.58M | {cell('mtsa', 'setup1')} | {cell('mtsa', 'setup2')} |" in text
+    assert (f"| p-value (Welch's t-test, one-sided: MTSA > Transformer) |  | {p('setup1', 'greater')} | "
+            f"{p('setup2', 'greater')} |") in text
+    two_sided = f"{p('setup1', 'two-sided')} | {p('setup2', 'two-sided')}"
+    assert f"| p-value (Welch's t-test, two-sided) |  | {two_sided} |" in text
+    assert "| runs (Transformer / MTSA) |  | 3 / 3 | 2 / 2 |" in text
+    assert "little power" in text and "Clark et al., 2011" in text
+    assert "Unmatched seeds (skipped): Transformer 3; MTSA 4." in text
+    # per-seed rows equal sacrebleu's own paired tests on the same files
+    group = comparison.groups[0]
+    assert [r.seed for r in group.paired] == [1, 2]
+    b, s = _load(files["base"][0]), _load(files["mtsa"][0])
+    refs = scoring.read_lines(Path(b["references"]))
+    h0, h1 = scoring.read_lines(Path(b["hypotheses"])), scoring.read_lines(Path(s["hypotheses"]))
+    p_bs = significance.paired_test(h0, h1, refs, "bs", 200, 3)[2]
+    p_ar = significance.paired_test(h0, h1, refs, "ar", 300, 3)[2]
+    row = (f"| 1 | {b['bleu']['sacrebleu']:.2f} | {s['bleu']['sacrebleu']:.2f} | {significance.format_p(p_bs)} | "
+           f"{significance.format_p(p_ar)} |")
+    assert row in text
+
+
+def test_script_writes_report_json_and_png(results, tmp_path):
+    _, files = results
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--baseline", *map(str, files["base"]), "--system", *map(str, files["mtsa"]),
+         "--names", "Transformer", "MTSA", "--test", "student", "--markdown", f"{out}.md", "--json", f"{out}.json",
+         "--plot", f"{out}.png", *FAST],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = Path(f"{out}.md").read_text()
+    assert report in proc.stdout and "Student's t-test" in report
+    summary = json.loads(Path(f"{out}.json").read_text())
+    assert [g["setup"] for g in summary["groups"]] == ["setup1", "setup2"]
+    assert summary["groups"][0]["unmatched_seeds"] == {"baseline": [3], "system": [4]}
+    png = Path(f"{out}.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR" and png[-8:-4] == b"IEND"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width > height > 100  # two panels side by side
+
+
+@pytest.mark.parametrize("case", ["one_run", "line_count"])
+def test_script_errors_write_nothing(results, tmp_path, case):
+    root, files = results
+    base, mtsa = list(files["base"]), list(files["mtsa"])
+    if case == "one_run":
+        base = [f for f in base if _load(f)["setup"] == "setup1"] + [base[-1]]  # setup2: one baseline run
+        message = "has 1 run(s); a t-test needs at least 2"
+    else:
+        short = _load(mtsa[0])
+        hyp = tmp_path / "short.hyp.txt"
+        scoring.write_lines(hyp, scoring.read_lines(Path(short["hypotheses"]))[:-1])
+        short["hypotheses"] = str(hyp)
+        (tmp_path / "short.json").write_text(json.dumps(short))
+        mtsa[0] = tmp_path / "short.json"
+        message = "hypotheses have 39 lines, references 40, num_sentences is 40"
+    md = tmp_path / "out.md"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--baseline", *map(str, base), "--system", *map(str, mtsa),
+         "--markdown", str(md), "--plot", str(tmp_path / "out.png"), *FAST],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not md.exists() and not (tmp_path / "out.png").exists()
+
+
+def _variant(path: Path, tmp_path: Path, name: str, **changes) -> Path:
+    data = _load(path)
+    for key, value in changes.items():
+        if key == "signature":
+            data["bleu"]["signature"] = value
+        else:
+            data[key] = value
+    out = tmp_path / name
+    out.write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.parametrize("case", ["signature", "test_set", "missing", "schema", "duplicate_seed"])
+def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, case):
+    _, files = results
+    base, mtsa = list(files["base"]), list(files["mtsa"])
+    if case == "signature":
+        base[0] = _variant(base[0], tmp_path, "sig.json",
+                           signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.0.0")
+        message = "mixed sacreBLEU signatures"
+    elif case == "test_set":
+        base.append(_variant(base[0], tmp_path, "other.json", test_set="newstest2017"))
+        message = "only the baseline has results for setup 'setup1', test set 'newstest2017'"
+    elif case == "missing":
+        mtsa.append(tmp_path / "nope.json")
+        message = "result file not found"
+    elif case == "schema":
+        mtsa[0] = _variant(mtsa[0], tmp_path, "schema.json", schema="mtsa-fairseq.result.v0")
+        message = "expected 'mtsa-fairseq.result.v1'"
+    else:
+        mtsa[0] = _variant(mtsa[0], tmp_path, "dup.json", seed=2)
+        message = "several runs with seed 2"
+    md = tmp_path / "out.md"
+    with pytest.raises(SystemExit) as exc:
+        _run_main(monkeypatch, "--baseline", *map(str, base), "--system", *map(str, mtsa), "--markdown", str(md),
+                  *FAST)
+    assert exc.value.code not in (0, None)
+    assert message in str(exc.value.code)
+    assert not md.exists()
+    assert capsys.readouterr().out == ""
+
+
+def test_nonpositive_seed_is_a_usage_error(results, tmp_path, monkeypatch, capsys):
+    _, files = results
+    with pytest.raises(SystemExit) as exc:
+        _run_main(monkeypatch, "--baseline", *map(str, files["base"]), "--system", *map(str, files["mtsa"]),
+                  "--seed", "0")
+    assert exc.value.code == 2
+    assert "--seed must be a positive integer" in capsys.readouterr().err

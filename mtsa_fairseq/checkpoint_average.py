@@ -1,0 +1,112 @@
+"""Average the parameters of several fairseq checkpoints (e.g. the last N interval checkpoints of a run).
+
+Floating-point parameters are summed in float64 and cast back to their dtype; everything else (integer
+buffers, the saved config, optimizer history, extra state) is taken from the newest checkpoint, the one
+with the most updates. Checkpoints are read with ``torch.load(weights_only=True)``; importing this
+package first allow-lists what fairseq checkpoints pickle (``mtsa_fairseq.checkpoint_safety``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import mtsa_fairseq  # noqa: F401  (allow-lists argparse.Namespace for weights_only loading)
+
+UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates
+EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # end of an epoch
+
+
+class AverageError(ValueError):
+    """Checkpoints that cannot be averaged; the message names the problem."""
+
+
+def last_checkpoints(directory: str | Path, n: int, kind: str = "update") -> list[Path]:
+    """The last ``n`` checkpoints of a fairseq save directory, oldest first: interval checkpoints
+    ``checkpoint_<epoch>_<update>.pt`` by update (``kind="update"``) or ``checkpoint<epoch>.pt`` by epoch."""
+    directory = Path(directory)
+    if kind not in ("update", "epoch"):
+        raise ValueError(f"kind must be 'update' or 'epoch', got {kind!r}")
+    if n < 1:
+        raise AverageError(f"the number of checkpoints to average must be >= 1, got {n}")
+    if not directory.is_dir():
+        raise AverageError(f"{directory} is not a directory")
+    pattern = UPDATE_CHECKPOINT if kind == "update" else EPOCH_CHECKPOINT
+    found = []
+    for path in directory.iterdir():
+        match = pattern.match(path.name)
+        if match:
+            found.append((int(match.groups()[-1]), path))
+    if len(found) < n:
+        names = "checkpoint_<epoch>_<update>.pt" if kind == "update" else "checkpoint<epoch>.pt"
+        raise AverageError(f"{directory} has {len(found)} {names} files, fewer than the {n} to average")
+    return [path for _, path in sorted(found)[-n:]]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises many kinds of errors for unreadable files
+        raise AverageError(f"cannot load checkpoint {path}: {err}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise AverageError(f"{path} is not a fairseq checkpoint (no 'model' state dict)")
+    return state
+
+
+def num_updates(state: dict[str, Any]) -> int:
+    """Updates done when a loaded fairseq checkpoint was saved (0 if it records none)."""
+    history = state.get("optimizer_history") or [{}]
+    return int(history[-1].get("num_updates", 0))
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
+    """The newest of ``paths`` with its model parameters replaced by the mean over all ``paths``."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise AverageError("no checkpoints to average")
+    if len(set(p.resolve() for p in paths)) != len(paths):
+        raise AverageError("a checkpoint is listed twice")
+    sums: dict[str, torch.Tensor] = {}
+    newest: dict[str, Any] | None = None
+    keys: list[str] | None = None
+    for path in paths:
+        state = _load(path)
+        model = state["model"]
+        if keys is None:
+            keys = list(model)
+        elif set(model) != set(keys):
+            diff = sorted(set(model) ^ set(keys))
+            raise AverageError(f"{path} has different parameters from {paths[0]} (e.g. {diff[0]})")
+        for key, value in model.items():
+            if not torch.is_floating_point(value):
+                continue
+            if key in sums and sums[key].shape != value.shape:
+                raise AverageError(f"{path}: parameter {key} has shape {tuple(value.shape)}, "
+                                   f"not {tuple(sums[key].shape)}")
+            total = value.to(torch.float64)
+            sums[key] = sums[key] + total if key in sums else total
+        if newest is None or num_updates(state) >= num_updates(newest):
+            newest = state
+    assert newest is not None
+    newest["model"] = {
+        key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value
+        for key, value in newest["model"].items()
+    }
+    return newest
+
+
+def save_checkpoint(state: dict[str, Any], output: str | Path) -> Path:
+    """Write ``state`` to ``output`` atomically (a temporary file renamed into place)."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return output

@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""Average the model parameters of fairseq checkpoints into one checkpoint (loadable by fairseq-generate).
+
+Floating-point parameters are averaged in float64 and cast back; everything else comes from the newest
+checkpoint (most updates).
+
+  scripts/average_checkpoints.py --inputs runs/setup1_mtsa/seed1 --num-update-checkpoints 5 --output avg.pt
+  scripts/average_checkpoints.py --inputs a.pt b.pt --output avg.pt
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from mtsa_fairseq.checkpoint_average import AverageError, average_checkpoints, last_checkpoints, save_checkpoint
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inputs", type=Path, nargs="+", required=True,
+                        help="checkpoint files, or one save directory with --num-update/epoch-checkpoints")
+    last = parser.add_mutually_exclusive_group()
+    last.add_argument("--num-update-checkpoints", type=int, metavar="N",
+                      help="average the last N checkpoint_<epoch>_<update>.pt files of the directory")
+    last.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+                      help="average the last N checkpoint<epoch>.pt files of the directory")
+    parser.add_argument("--output", type=Path, required=True, help="averaged checkpoint to write")
+    parser.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    args = parser.parse_args()
+
+    count = args.num_update_checkpoints if args.num_update_checkpoints is not None else args.num_epoch_checkpoints
+    if count is not None:
+        if len(args.inputs) != 1 or not args.inputs[0].is_dir():
+            parser.error("--num-update-checkpoints/--num-epoch-checkpoints need exactly one directory in --inputs")
+        if count < 1:
+            parser.error("the number of checkpoints to average must be >= 1")
+    else:
+        missing = [str(p) for p in args.inputs if not p.is_file()]
+        if missing:
+            parser.error(f"--inputs: {missing[0]} is not a file (for a directory give --num-update-checkpoints N)")
+    if args.output.exists() and not args.force:
+        parser.error(f"--output {args.output} exists (pass --force to overwrite)")
+    try:
+        if args.num_update_checkpoints is not None:
+            paths = last_checkpoints(args.inputs[0], count, kind="update")
+        elif args.num_epoch_checkpoints is not None:
+            paths = last_checkpoints(args.inputs[0], count, kind="epoch")
+        else:
+            paths = args.inputs
+        if any(p.resolve() == args.output.resolve() for p in paths):
+            parser.error(f"--output {args.output} is one of the inputs")
+        state = average_checkpoints(paths)
+    except AverageError as err:
+        sys.exit(f"error: {err}")
+    save_checkpoint(state, args.output)
+    print(f"averaged {len(paths)} checkpoint(s): {', '.join(str(p) for p in paths)} -> {args.output}")
+
+
+if __name__ == "__main__":
+    main()

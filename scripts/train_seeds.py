@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Train several seeds of one training config (configs/*.yaml) with fairseq-train, resumably.
+
+Each seed trains in SAVE_ROOT/<config name>/seed<k>/ (checkpoints, train.log, run.json). Running the same
+command again skips finished seeds and resumes the others from their checkpoint_last.pt.
+
+  scripts/train_seeds.py --config configs/setup1_mtsa.yaml --data data/wmt14 --seeds 1 2 3 --save-root runs
+"""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from mtsa_fairseq.launch import LAUNCHERS, LaunchError, LaunchOptions, execute, plan, record_finish, record_start
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, help="training config (YAML, see configs/)")
+    parser.add_argument("--data", type=Path,
+                        help="prepared data directory (its manifest.json names the data-bin) or a fairseq data-bin")
+    parser.add_argument("--seeds", type=int, nargs="+", help="seeds to train, one run each (passed as --seed)")
+    parser.add_argument("--save-root", type=Path, help="root of the run directories <config name>/seed<k>/")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="local: one fairseq-train per seed, in turn; torchrun: torchrun per seed; "
+                             "slurm: write (and with --submit, submit) one sbatch script per seed (default: local)")
+    parser.add_argument("--nproc-per-node", type=int,
+                        help="processes (GPUs) per node (default: the config's hardware.gpus_per_node; 1 on CPU)")
+    parser.add_argument("--nnodes", type=int, help="nodes (default: the config's hardware.nodes; 1 on CPU)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank for torchrun (default: 0)")
+    parser.add_argument("--master-addr", help="address of the rank-0 node for multi-node torchrun")
+    parser.add_argument("--master-port", type=int, default=29500,
+                        help="rendezvous port for torchrun; for slurm the port is this + seed (default: 29500)")
+    parser.add_argument("--cpu", action="store_true", help="train on CPU (adds --cpu to fairseq-train)")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS/MKL_NUM_THREADS for the training processes")
+    parser.add_argument("--average-last", type=int,
+                        help="average the last N checkpoints saved every --save-interval-updates after "
+                             "training and score that "
+                             "(default: the config's average_last; 0 = checkpoint_last.pt)")
+    parser.add_argument("--extra-args", default="",
+                        help='more fairseq-train options, appended after the config\'s, e.g. "--update-freq 4"')
+    parser.add_argument("--dry-run", action="store_true", help="print the commands (or sbatch scripts), write nothing")
+    parser.add_argument("--submit", action="store_true", help="with --launcher slurm: submit the scripts with sbatch")
+    parser.add_argument("--record-start", type=Path, metavar="RUN_DIR",
+                        help="(used by the generated sbatch scripts) mark RUN_DIR's run.json as running")
+    parser.add_argument("--record-finish", type=Path, metavar="RUN_DIR",
+                        help="(used by the generated sbatch scripts) fill RUN_DIR's run.json after training")
+    parser.add_argument("--returncode", type=int, default=0, help="with --record-finish: fairseq-train's exit status")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    try:
+        if args.record_start or args.record_finish:
+            if args.record_start and args.record_finish:
+                parser.error("give --record-start or --record-finish, not both")
+            if args.record_start:
+                record_start(args.record_start)
+                return
+            record = record_finish(args.record_finish, args.returncode)
+            sys.exit(0 if record["status"] == "done" else 1)
+        for name in ("config", "data", "seeds", "save_root"):
+            if getattr(args, name) is None:
+                parser.error(f"--{name.replace('_', '-')} is required")
+        try:
+            extra = tuple(shlex.split(args.extra_args))
+        except ValueError as err:
+            parser.error(f"--extra-args: {err}")
+        options = LaunchOptions(
+            launcher=args.launcher, cpu=args.cpu, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+            node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+            threads=args.threads, average_last=args.average_last, extra_args=extra, submit=args.submit,
+        )
+        the_plan = plan(args.config, args.data, args.seeds, args.save_root, options, dry_run=args.dry_run)
+        failed = execute(the_plan, Path(__file__).resolve(), dry_run=args.dry_run)
+    except LaunchError as err:
+        sys.exit(f"error: {err}")
+    if failed:
+        sys.exit(f"error: {failed} run(s) did not finish (see their run.json and train.log)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""The training configs in configs/: structure, fairseq-train's parser, and the numbers of reference 1.4."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import optim
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.optim import lr_scheduler
+
+from mtsa_fairseq.train_config import (
+    ConfigError,
+    check_with_fairseq,
+    fairseq_args,
+    is_mtsa_option,
+    load_config,
+    options_to_args,
+    t2t_learning_rate,
+    t2t_peak_learning_rate,
+)
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+SETUPS = {  # reference 1.4: warmup, tokens per GPU, GPUs, updates, source2token bias init (MTSA)
+    "setup1": {"warmup": 16000, "tokens": 2048, "gpus": 1, "updates": 250_000, "bias": 5.0},
+    "setup2": {"warmup": 8000, "tokens": 6144, "gpus": 4, "updates": 133_000, "bias": 0.0},
+}
+
+
+def test_every_expected_config_exists():
+    names = {p.stem for p in CONFIGS}
+    assert {f"{s}_{m}" for s in ("setup1", "setup2", "demo") for m in ("transformer", "mtsa")} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_validates_against_fairseq_train(path):
+    config = load_config(path)
+    namespace = check_with_fairseq(config)
+    assert config.name == path.stem
+    assert namespace.arch == config.arch
+    assert namespace.max_update == config.max_update
+    assert ("mtsa" in namespace.arch) == (config.system == "mtsa")
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+@pytest.mark.parametrize("system", ["transformer", "mtsa"])
+def test_setup_numbers_match_reference(setup, system):
+    want = SETUPS[setup]
+    config = load_config(CONFIG_DIR / f"{setup}_{system}.yaml")
+    ns = check_with_fairseq(config)
+    assert ns.lr == [pytest.approx(t2t_peak_learning_rate(want["warmup"]), rel=1e-12)]
+    assert round(ns.lr[0], 6) == {"setup1": 6.99e-4, "setup2": 9.88e-4}[setup]
+    assert ns.lr_scheduler == "inverse_sqrt" and ns.warmup_updates == want["warmup"] and ns.warmup_init_lr == 0
+    assert ns.optimizer == "adam" and eval(ns.adam_betas) == (0.9, 0.997) and ns.adam_eps == 1e-9
+    assert ns.weight_decay == 0 and ns.clip_norm == 0
+    assert ns.max_tokens == want["tokens"] and ns.update_freq == [1] and ns.max_update == want["updates"]
+    assert config.nodes * config.gpus_per_node == want["gpus"]
+    assert ns.encoder_normalize_before and ns.decoder_normalize_before and ns.share_all_embeddings
+    assert ns.dropout == ns.attention_dropout == ns.activation_dropout == 0.1
+    assert ns.criterion == "label_smoothed_cross_entropy" and ns.label_smoothing == 0.1
+    assert (ns.encoder_embed_dim, ns.encoder_ffn_embed_dim, ns.encoder_layers, ns.encoder_attention_heads) == (
+        512, 2048, 6, 8)
+    # t2t max_length 256 filters training pairs only; the model keeps 1024 positions for long test sentences
+    assert config.train_max_length == 256
+    assert ns.max_source_positions == ns.max_target_positions == 1024
+    assert config.average_last == 0 and not config.cpu
+    if system == "mtsa":
+        assert ns.encoder_self_attention_type == "mtsa" and ns.mtsa_s2t_input == "v"
+        assert ns.mtsa_s2t_activation == "scaled_sigmoid" and ns.mtsa_s2t_hidden_activation == "none"
+        assert ns.mtsa_s2t_bias_init == want["bias"]
+    else:
+        assert not hasattr(ns, "mtsa_s2t_bias_init")
+
+
+def test_bias_init_5_only_in_setup1_mtsa():
+    with_bias = {p.stem for p in CONFIGS if load_config(p).fairseq.get("mtsa-s2t-bias-init") == 5}
+    assert with_bias == {"setup1_mtsa"}
+
+
+@pytest.mark.parametrize("setup", ["setup1", "setup2", "demo"])
+def test_transformer_and_mtsa_differ_only_in_arch_and_mtsa_options(setup):
+    base = load_config(CONFIG_DIR / f"{setup}_transformer.yaml")
+    mtsa = load_config(CONFIG_DIR / f"{setup}_mtsa.yaml")
+    assert (base.setup, base.nodes, base.gpus_per_node, base.average_last, base.train_max_length) == (
+        mtsa.setup, mtsa.nodes, mtsa.gpus_per_node, mtsa.average_last, mtsa.train_max_length)
+    assert (base.system, mtsa.system) == ("transformer", "mtsa")
+    assert mtsa.arch == base.arch.replace("transformer_", "transformer_mtsa_", 1)
+    differing = {k for k in base.fairseq.keys() | mtsa.fairseq.keys() if base.fairseq.get(k) != mtsa.fairseq.get(k)}
+    assert differing - {"arch"} == {k for k in differing if is_mtsa_option(k)}
+    assert not any(is_mtsa_option(k) for k in base.fairseq)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # hydra's deprecation notices when building the cfg
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_inverse_sqrt_schedule_equals_t2t_formula(setup):
+    config = load_config(CONFIG_DIR / f"{setup}_mtsa.yaml")
+    cfg = convert_namespace_to_omegaconf(check_with_fairseq(config))
+    optimizer = optim.build_optimizer(cfg.optimizer, [torch.nn.Parameter(torch.zeros(1))])
+    scheduler = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, optimizer)
+    warmup = SETUPS[setup]["warmup"]
+    assert scheduler.step_update(0) == 0
+    for step in (1, 10, warmup // 2, warmup - 1, warmup, warmup + 1, 3 * warmup, config.max_update):
+        assert scheduler.step_update(step) == pytest.approx(t2t_learning_rate(step, warmup), rel=1e-9)
+    assert max(t2t_learning_rate(s, warmup) for s in range(1, 3 * warmup)) == pytest.approx(
+        t2t_peak_learning_rate(warmup), rel=1e-12)
+
+
+def test_options_to_args_mapping():
+    args = options_to_args({"arch": "transformer_tiny", "share-all-embeddings": True, "fp16": False,
+                            "restore-file": None, "lr": 6.987712429686843e-4, "max-tokens": 2048,
+                            "ddp-backend": "legacy_ddp", "valid-subset": ["valid", "valid1"]})
+    assert args == ["--arch", "transformer_tiny", "--share-all-embeddings", "--lr", "0.0006987712429686843",
+                    "--max-tokens", "2048", "--ddp-backend", "legacy_ddp", "--valid-subset", "valid", "valid1"]
+    config = load_config(CONFIG_DIR / "setup1_mtsa.yaml")
+    assert fairseq_args(config)[fairseq_args(config).index("--mtsa-s2t-bias-init") + 1] == "5.0"
+
+
+def _write(tmp_path: Path, text: str, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+TINY = """name: {name}
+system: transformer
+setup: test
+description: a tiny config
+hardware: {{nodes: 1, gpus_per_node: 0}}
+average_last: 0
+fairseq:
+  arch: transformer_tiny
+  cpu: true
+  max-update: 10
+"""
+
+
+def test_tiny_config_loads(tmp_path):
+    config = load_config(_write(tmp_path, TINY.format(name="tiny")))
+    assert check_with_fairseq(config).arch == "transformer_tiny"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t + "extra_key: 1\n", "unknown key 'extra_key'"),
+    (lambda t: t.replace("name: tiny", "name: other"), "must equal the file stem"),
+    (lambda t: t.replace("average_last: 0\n", ""), "missing key 'average_last'"),
+    (lambda t: t.replace("system: transformer", "system: lstm"), "'system' must be one of"),
+    (lambda t: t.replace("arch: transformer_tiny", "arch: transformer_mtsa_tiny"), "does not match arch"),
+    (lambda t: t + "  seed: 3\n", "'seed' is set by the launcher"),
+    (lambda t: t.replace("max-update: 10", "max-update: 0"), "'max-update' is required"),
+    (lambda t: t + "  log-format: json\n", "'log-format' must be 'simple'"),
+    (lambda t: t.replace("gpus_per_node: 0", "gpus_per_node: 1"), "gpus_per_node' is 0 exactly when"),
+    (lambda t: t.replace("average_last: 0", "average_last: 2"), "'save-interval-updates'"),
+    (lambda t: t.replace("average_last: 0", "average_last: 2") + "  save-interval-updates: 5\n"
+     "  keep-interval-updates: 1\n", "'keep-interval-updates' >= 2"),
+    (lambda t: t + "  lr: {a: 1}\n", "value must be a scalar"),
+])
+def test_bad_structure_fails_with_a_message(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(_write(tmp_path, change(TINY.format(name="tiny"))))
+
+
+@pytest.mark.parametrize("line, message", [
+    ("  max-tokenz: 100\n", r"fairseq option 'max-tokenz'.*'--max-tokenz' is not a fairseq-train option"),
+    ("  mtsa-s2t-bias-init: 5.0\n", r"fairseq option 'mtsa-s2t-bias-init'.*not a fairseq-train option"),
+    ("  lr-scheduler: nope\n", r"fairseq option 'lr-scheduler'.*invalid choice"),
+    ("  max-tokens: many\n", r"fairseq option 'max-tokens'.*invalid"),
+])
+def test_bad_fairseq_option_fails_naming_it(tmp_path, line, message):
+    config = load_config(_write(tmp_path, TINY.format(name="tiny") + line))
+    with pytest.raises(ConfigError, match=message):
+        check_with_fairseq(config)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,363 @@
+"""scripts/train_seeds.py and scripts/average_checkpoints.py on a tiny synthetic corpus, through fairseq's CLIs."""
+
+import json
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from fairseq.data import Dictionary, data_utils
+
+from mtsa_fairseq.launch import (
+    LaunchError,
+    LaunchOptions,
+    execute,
+    mean_train_wps,
+    plan,
+    record_finish,
+    record_start,
+)
+from mtsa_fairseq.toy_corpus import write_corpus
+from mtsa_fairseq.train_config import USER_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+TINY = """name: {name}
+system: mtsa
+setup: test
+description: a tiny MTSA model on the toy corpus
+hardware: {{nodes: 1, gpus_per_node: {gpus}}}
+average_last: 0
+train_max_length: 12
+fairseq:
+  arch: transformer_mtsa_tiny
+  cpu: {cpu}
+  num-workers: 0
+  share-all-embeddings: true
+  encoder-embed-dim: 32
+  decoder-embed-dim: 32
+  encoder-ffn-embed-dim: 64
+  decoder-ffn-embed-dim: 64
+  encoder-attention-heads: 4
+  decoder-attention-heads: 4
+  optimizer: adam
+  lr: 2.0e-3
+  lr-scheduler: inverse_sqrt
+  warmup-updates: 10
+  criterion: label_smoothed_cross_entropy
+  label-smoothing: 0.1
+  max-tokens: 1024
+  max-update: {updates}
+  save-interval-updates: 5
+  keep-interval-updates: 3
+  disable-validation: true
+  log-format: simple
+  log-interval: 5
+"""
+
+
+def write_config(directory: Path, name: str = "tiny", updates: int = 15, gpus: int = 0) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(TINY.format(name=name, updates=updates, gpus=gpus, cpu="true" if gpus == 0 else "false"))
+    return path
+
+
+def tool(name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(ROOT / "scripts" / name)] if name.endswith(".py") else [str(BIN / name)]
+    proc = subprocess.run([*command, *args], capture_output=True, text=True, env=ENV, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def train(config: Path, data: Path, save_root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return tool("train_seeds.py", "--config", str(config), "--data", str(data), "--save-root", str(save_root),
+                "--threads", "1", *args, check=check)
+
+
+def updates_of(path: Path) -> int:
+    return int(path.stem.split("_")[-1])
+
+
+def interval_checkpoints(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("checkpoint_*_*.pt"), key=updates_of)
+
+
+def snapshot_updates(run_dir: Path) -> list[int]:
+    """Updates of every checkpoint fairseq wrote in ``run_dir`` (interval, epoch and last)."""
+    names = [p for p in run_dir.glob("checkpoint*.pt") if "best" not in p.name and "avg" not in p.name]
+    return [checkpoint_utils.load_checkpoint_to_cpu(str(p))["optimizer_history"][-1]["num_updates"] for p in names]
+
+
+def launch(config: Path, data: Path, save_root: Path, seeds: list[int], **options) -> list[str]:
+    """plan + execute in this process (the CLI path is covered by the ``trained`` fixture); returns the
+    launcher's messages and checks that no run failed."""
+    messages: list[str] = []
+    the_plan = plan(config, data, seeds, save_root, LaunchOptions(threads=1, **options))
+    assert execute(the_plan, ROOT / "scripts" / "train_seeds.py", log=messages.append) == 0, messages
+    return messages
+
+
+def run_json(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A prepared data directory (manifest.json + data-bin with a joined dictionary)."""
+    root = tmp_path_factory.mktemp("launch")
+    write_corpus(root / "raw", {"train": 300, "valid": 40, "test": 20}, seed=3)
+    tool("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", str(root / "raw/train"),
+         "--validpref", str(root / "raw/valid"), "--testpref", str(root / "raw/test"),
+         "--destdir", str(root / "prepared/bin"), "--joined-dictionary", "--workers", "1")
+    manifest = {"schema": "mtsa-fairseq.data.v1", "source_lang": "en", "target_lang": "de", "data_bin": "bin",
+                "spm_model": None, "vocab_size": None, "train": {"lines": 300, "kept": 300},
+                "valid": {"lines": 40, "subset": "valid"}, "tests": {}}
+    (root / "prepared/manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(corpus):
+    """Two seeds of the tiny config, 15 updates each, with the local launcher."""
+    config = write_config(corpus / "configs")
+    proc = train(config, corpus / "prepared", corpus / "runs", "--seeds", "1", "2")
+    return config, corpus / "runs" / "tiny", proc
+
+
+def test_two_seeds_train_to_done(trained, corpus):
+    _, root, _ = trained
+    states = []
+    for seed in (1, 2):
+        run_dir = root / f"seed{seed}"
+        record = run_json(run_dir)
+        assert record["schema"] == "mtsa-fairseq.run.v1" and record["status"] == "done"
+        assert (record["config"], record["system"], record["setup"], record["arch"], record["seed"]) == (
+            "tiny", "mtsa", "test", "transformer_mtsa_tiny", seed)
+        assert record["num_updates"] == 15 and record["data"] == str(corpus / "prepared")
+        assert record["checkpoint"] == str(run_dir / "checkpoint_last.pt")
+        assert record["command"][record["command"].index("--seed") + 1] == str(seed)
+        assert record["wall_seconds"] > 0 and record["peak_rss_mb"] > 50
+        log = (run_dir / "train.log").read_text()
+        wps = [float(line.split("wps=")[1].split(",")[0]) for line in log.splitlines() if "| train_inner |" in line]
+        assert len(wps) == 3  # updates 5, 10, 15 at --log-interval 5
+        assert record["train_target_tokens_per_second"] == pytest.approx(sum(wps) / 3)
+        assert mean_train_wps(log) == pytest.approx(sum(wps) / 3)
+        assert {updates_of(p) for p in interval_checkpoints(run_dir)} <= {5, 10, 15}
+        assert {updates for updates in snapshot_updates(run_dir) if updates % 5 == 0} == {5, 10, 15}
+        state = checkpoint_utils.load_checkpoint_to_cpu(record["checkpoint"])
+        assert state["optimizer_history"][-1]["num_updates"] == 15
+        states.append(state["model"])
+    assert states[0].keys() == states[1].keys()
+    assert any(not torch.equal(states[0][k], states[1][k]) for k in states[0] if ".s2t." in k)
+
+
+def test_train_length_filter_applies_to_training_pairs_only(trained, corpus):
+    _, root, _ = trained
+    view = root / "train-maxlen12"
+    stamp = json.loads((view / "view.json").read_text())
+    assert stamp["pairs"] == 300 and 0 < stamp["kept"] < 300
+    lengths = [max(len(s.split()), len(t.split())) + 1 for s, t in zip(
+        (corpus / "raw/train.en").read_text().splitlines(), (corpus / "raw/train.de").read_text().splitlines())]
+    assert stamp["kept"] == sum(n <= 12 for n in lengths)  # EOS included, as t2t counts
+    log = (root / "seed1" / "train.log").read_text()
+    assert f"loaded {stamp['kept']} examples from: {view}/train.en-de.en" in log
+    dictionary = Dictionary.load(str(view / "dict.de.txt"))
+    original = data_utils.load_indexed_dataset(str(corpus / "prepared/bin/train.en-de.de"), dictionary)
+    filtered = data_utils.load_indexed_dataset(str(view / "train.en-de.de"), dictionary)
+    kept = [i for i, n in enumerate(lengths) if n <= 12]
+    assert len(filtered) == len(kept) and all(torch.equal(filtered[j], original[i]) for j, i in enumerate(kept))
+    # every other subset and the dictionaries are the original files
+    assert (view / "test.en-de.en.idx").resolve() == (corpus / "prepared/bin/test.en-de.en.idx").resolve()
+    assert (view / "dict.en.txt").is_symlink() and (view / "train.en-de.en.bin").is_symlink()
+    assert not (view / "train.en-de.en.idx").is_symlink()
+
+
+def test_rerun_skips_done_seeds(trained, corpus):
+    config, root, _ = trained
+    before = {seed: (root / f"seed{seed}" / "train.log").read_text() for seed in (1, 2)}
+    messages = launch(config, corpus / "prepared", corpus / "runs", [1, 2])
+    assert messages == ["seed 1: done (15 updates), skipped", "seed 2: done (15 updates), skipped"]
+    assert {seed: (root / f"seed{seed}" / "train.log").read_text() for seed in (1, 2)} == before
+
+
+def test_run_left_running_resumes_from_checkpoint_last(trained, corpus, tmp_path):
+    config, root, _ = trained
+    run_dir = tmp_path / "tiny" / "seed1"
+    shutil.copytree(root / "seed1", run_dir, symlinks=True)
+    # as if the launcher had been killed after update 10: checkpoint_last at 10, run.json "running"
+    shutil.copy(next(p for p in interval_checkpoints(run_dir) if updates_of(p) == 10), run_dir / "checkpoint_last.pt")
+    (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "status": "running"}))
+    messages = launch(config, corpus / "prepared", tmp_path, [1])
+    assert any(m.startswith("seed 1: resuming from update 10") for m in messages)
+    after = run_json(run_dir)
+    assert after["status"] == "done" and after["resumed_from_updates"] == 10 and after["num_updates"] == 15
+    session = (run_dir / "train.log").read_text().split("fairseq_cli.train | done training")[1]
+    assert "Loaded checkpoint" in session and "@ 10 updates" in session
+
+
+def test_finished_checkpoint_with_running_status_is_recorded_without_training(trained, corpus, tmp_path):
+    config, root, _ = trained
+    run_dir = tmp_path / "tiny" / "seed2"
+    shutil.copytree(root / "seed2", run_dir, symlinks=True)
+    (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "status": "running"}))
+    log = (run_dir / "train.log").read_text()
+    the_plan = plan(config, corpus / "prepared", [2], tmp_path, LaunchOptions(threads=1))
+    assert execute(the_plan, ROOT / "scripts" / "train_seeds.py", log=lambda _: None) == 0
+    assert run_json(run_dir)["status"] == "done" and run_json(run_dir)["num_updates"] == 15
+    assert (run_dir / "train.log").read_text() == log
+
+
+def test_raised_max_update_resumes_and_averages(trained, corpus, tmp_path):
+    _, root, _ = trained
+    config = write_config(tmp_path / "raised", updates=20)  # same name, so the same run directories
+    shutil.copytree(root / "seed2", tmp_path / "tiny" / "seed2", symlinks=True)
+    launch(config, corpus / "prepared", tmp_path, [2], average_last=2)
+    run_dir = tmp_path / "tiny" / "seed2"
+    record = run_json(run_dir)
+    assert record["status"] == "done" and record["resumed_from_updates"] == 15 and record["num_updates"] == 20
+    assert "Loaded checkpoint" in (run_dir / "train.log").read_text().split("done training")[-2]
+    assert record["checkpoint"] == str(run_dir / "checkpoint_avg_last2.pt")
+    last = [checkpoint_utils.load_checkpoint_to_cpu(p) for p in record["averaged"]]
+    assert [state["optimizer_history"][-1]["num_updates"] for state in last] == [15, 20]
+    last = [state["model"] for state in last]
+    averaged = checkpoint_utils.load_checkpoint_to_cpu(record["checkpoint"])
+    assert averaged["optimizer_history"][-1]["num_updates"] == 20
+    for key, value in averaged["model"].items():
+        torch.testing.assert_close(value, ((last[0][key].double() + last[1][key].double()) / 2).to(value.dtype))
+
+
+def average_script(*args: str) -> None:
+    """Run scripts/average_checkpoints.py in this process (its errors raise SystemExit)."""
+    argv = sys.argv
+    sys.argv = ["average_checkpoints.py", *args]
+    try:
+        runpy.run_path(str(ROOT / "scripts" / "average_checkpoints.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_path, capsys):
+    _, root, _ = trained
+    inputs = interval_checkpoints(root / "seed1")[-2:]
+    assert len(inputs) == 2 and updates_of(inputs[0]) < updates_of(inputs[1])
+    out = tmp_path / "avg.pt"
+    average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "2", "--output", str(out))
+    models = [checkpoint_utils.load_checkpoint_to_cpu(str(p))["model"] for p in inputs]
+    averaged = torch.load(out, weights_only=True)
+    assert averaged["optimizer_history"][-1]["num_updates"] == updates_of(inputs[1])  # the rest from the newest
+    for key, value in averaged["model"].items():
+        assert value.dtype == models[0][key].dtype
+        torch.testing.assert_close(value, ((models[0][key].double() + models[1][key].double()) / 2).float())
+    with pytest.raises(SystemExit):
+        average_script("--inputs", *map(str, inputs), "--output", str(out))
+    assert "exists (pass --force" in capsys.readouterr().err
+    average_script("--inputs", *map(str, reversed(inputs)), "--output", str(out), "--force")
+    torch.testing.assert_close(torch.load(out, weights_only=True)["model"], averaged["model"])
+    with pytest.raises(SystemExit, match="fewer than the 9 to average"):
+        average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "9", "--output",
+                       str(tmp_path / "nine.pt"))
+    assert not (tmp_path / "nine.pt").exists()
+    gen = tool("fairseq-generate", str(corpus / "prepared/bin"), "--user-dir", USER_DIR, "--path", str(out), "--cpu",
+               "--beam", "2", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0")
+    assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 20
+
+
+def test_torchrun_two_cpu_processes(corpus, tmp_path):
+    config = write_config(tmp_path / "configs", name="tiny_ddp", updates=4)
+    launch(config, corpus / "prepared/bin", tmp_path / "runs", [7], launcher="torchrun", nproc_per_node=2, cpu=True,
+           master_port=29731)
+    run_dir = tmp_path / "runs" / "tiny_ddp" / "seed7"
+    record = run_json(run_dir)
+    assert record["status"] == "done" and record["world_size"] == 2 and record["num_updates"] == 4
+    assert Path(record["command"][0]).name == "torchrun" and "--distributed-backend" in record["command"]
+    log = (run_dir / "train.log").read_text()
+    assert log.count("distributed init (rank -1): env://") == 2  # torch reads each process's RANK
+    assert log.count("| fairseq_cli.train | {") == 1  # only rank 0 logs at INFO after the init
+    state = checkpoint_utils.load_checkpoint_to_cpu(record["checkpoint"])
+    assert state["cfg"]["distributed_training"]["distributed_world_size"] == 2
+    assert state["optimizer_history"][-1]["num_updates"] == 4
+
+
+def test_slurm_script(corpus, tmp_path):
+    config = write_config(tmp_path / "configs", name="tiny_gpu", gpus=2)
+    options = LaunchOptions(launcher="slurm", threads=4, master_port=12000)
+    the_plan = plan(config, corpus / "prepared", [3], tmp_path / "runs", options)
+    assert not (tmp_path / "runs").exists()  # planning writes nothing
+    execute(the_plan, ROOT / "scripts" / "train_seeds.py")
+    run_dir = tmp_path / "runs" / "tiny_gpu" / "seed3"
+    script = (run_dir / "train.sbatch").read_text()
+    assert script.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=2", "#SBATCH --gpus-per-node=2",
+                 "#SBATCH --cpus-per-task=4", f"#SBATCH --output={run_dir}/slurm-%j.out",
+                 f"--record-start {run_dir}", f"--record-finish {run_dir} --returncode \"$rc\""):
+        assert line in script
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "fairseq-train" in srun and "--distributed-port 12003" in srun and "--distributed-world-size 2" in srun
+    assert "--seed 3" in srun and f"--save-dir {run_dir}" in srun and srun.endswith(f"| tee -a {run_dir}/train.log")
+    assert "--cpu" not in srun.split()
+    assert run_json(run_dir)["status"] == "pending"
+    record_start(run_dir)
+    assert run_json(run_dir)["status"] == "running"
+    assert record_finish(run_dir, 1, log=lambda _: None)["status"] == "failed"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("unknown_config", "does not exist"),
+    ("no_dictionary", "has no fairseq dictionary"),
+    ("repeated_seeds", "seed 2 is given more than once"),
+    ("world_size", "world size inconsistent with --launcher local"),
+])
+def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
+    config = write_config(tmp_path / "configs")
+    data, seeds, extra = corpus / "prepared", ["1", "2"], []
+    if case == "unknown_config":
+        config = tmp_path / "configs" / "nope.yaml"
+    elif case == "no_dictionary":
+        data = tmp_path / "empty"
+        data.mkdir()
+    elif case == "repeated_seeds":
+        seeds = ["1", "2", "2"]
+    else:
+        extra = ["--nproc-per-node", "2"]
+    proc = train(config, data, tmp_path / "runs", "--seeds", *seeds, *extra, check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and message in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    (LaunchOptions(extra_args=("--seed", "3")), "--seed is set by the launcher"),
+    (LaunchOptions(extra_args=("--max-tokenz", "3")), "'--max-tokenz' is not a fairseq-train option"),
+    (LaunchOptions(launcher="torchrun", nnodes=2, cpu=True), "needs --master-addr"),
+    (LaunchOptions(launcher="slurm", cpu=True), "--launcher slurm trains on GPUs"),
+    (LaunchOptions(node_rank=1), "outside 0..0"),
+    (LaunchOptions(average_last=5), "'keep-interval-updates' >= 5"),
+    (LaunchOptions(submit=True), "--submit is for --launcher slurm"),
+])
+def test_plan_rejects_inconsistent_options(corpus, tmp_path, options, message):
+    config = write_config(tmp_path / "configs")
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        plan(config, corpus / "prepared", [1], tmp_path / "runs", options)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_prints_commands_and_writes_nothing(corpus, tmp_path, capsys):
+    config = write_config(tmp_path / "configs")
+    options = LaunchOptions(extra_args=("--update-freq", "2"))
+    the_plan = plan(config, corpus / "prepared", [4, 5], tmp_path / "runs", options, dry_run=True)
+    execute(the_plan, ROOT / "scripts" / "train_seeds.py", dry_run=True)
+    out, err = capsys.readouterr()
+    commands = [line for line in out.splitlines() if "fairseq-train" in line]
+    assert len(commands) == 2 and all(c.endswith("--update-freq 2") for c in commands) and "--seed 5" in commands[1]
+    assert "would build the length-filtered training data" in out
+    assert "effective batch is 2048 tokens per update" in err
+    assert not (tmp_path / "runs").exists()

@@ -186,27 +186,28 @@ def build_result(
     }
 
 
-def _read_json(path: Path, schema: str, what: str) -> dict[str, Any]:
+def read_json(path: Path, schema: str, what: str, error: type[Exception] = ScoringError) -> dict[str, Any]:
+    """A JSON object file of the given ``schema``; anything else raises ``error`` naming ``what``."""
     if not path.is_file():
-        raise ScoringError(f"{what} not found: {path}")
+        raise error(f"{what} not found: {path}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ScoringError(f"{what} {path} is not valid JSON: {exc}") from exc
+        raise error(f"{what} {path} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("schema") != schema:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ScoringError(f"{what} {path} has schema {found!r}, expected {schema!r}")
+        raise error(f"{what} {path} has schema {found!r}, expected {schema!r}")
     return data
 
 
 def read_manifest(data_dir: Path) -> dict[str, Any]:
     """``DIR/manifest.json`` of a prepared data directory (schema ``mtsa-fairseq.data.v1``)."""
-    return _read_json(Path(data_dir) / "manifest.json", MANIFEST_SCHEMA, "manifest")
+    return read_json(Path(data_dir) / "manifest.json", MANIFEST_SCHEMA, "manifest")
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """``RUN/run.json`` of a training run directory (schema ``mtsa-fairseq.run.v1``)."""
-    return _read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file")
+    return read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file")
 
 
 @dataclass(frozen=True)

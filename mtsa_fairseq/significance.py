@@ -19,7 +19,6 @@ by the results' ``setup`` and ``test_set`` (e.g. setup1 and setup2 of the MTSA p
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .scoring import METRICS, RESULT_SCHEMA, read_lines
+from .scoring import METRICS, RESULT_SCHEMA, read_json, read_lines
 
 TESTS = ("welch", "student")
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}
@@ -64,15 +63,7 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
     ``ref_cache`` maps reference paths to their lines, so that runs sharing a reference file read it once.
     """
     path = Path(path)
-    if not path.is_file():
-        raise SignificanceError(f"result file not found: {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SignificanceError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema") != RESULT_SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise SignificanceError(f"{path} has schema {found!r}, expected {RESULT_SCHEMA!r}")
+    data = read_json(path, RESULT_SCHEMA, "result file", SignificanceError)
     missing = [key for key in _REQUIRED if data.get(key) is None]
     if missing:
         raise SignificanceError(f"{path} lacks {', '.join(missing)}")

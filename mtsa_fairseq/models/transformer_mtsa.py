@@ -32,15 +32,23 @@ MTSA_DEFAULTS = {  # what the authors ran (reference 1.3, Setup 2)
 }
 
 
-def _mtsa_options(cfg: TransformerConfig) -> dict:
-    """The ``--mtsa-*`` options shared by encoder and decoder self-attention."""
+def _mtsa_attention(
+    layer: nn.Module, embed_dim: int, num_heads: int, cfg: TransformerConfig, **masks: bool
+) -> MTSAMultiheadAttention:
+    """MTSA with the ``--mtsa-*`` options shared by encoder and decoder, and the layer's quant-noise."""
     hidden = getattr(cfg, "mtsa_s2t_hidden_activation", "none")
-    return {
-        "s2t_input": getattr(cfg, "mtsa_s2t_input", "v"),
-        "s2t_activation": getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
-        "s2t_bias_init": getattr(cfg, "mtsa_s2t_bias_init", 0.0),
-        "s2t_hidden_activation": None if hidden == "none" else hidden,
-    }
+    return MTSAMultiheadAttention(
+        embed_dim,
+        num_heads,
+        dropout=cfg.attention_dropout,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
+        s2t_input=getattr(cfg, "mtsa_s2t_input", "v"),
+        s2t_activation=getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
+        s2t_bias_init=getattr(cfg, "mtsa_s2t_bias_init", 0.0),
+        s2t_hidden_activation=None if hidden == "none" else hidden,
+        **masks,
+    )
 
 
 def _wrap_layer(layer: nn.Module, cfg: TransformerConfig) -> nn.Module:
@@ -63,15 +71,7 @@ class MTSAEncoderLayer(TransformerEncoderLayerBase):
                 "--mtsa-bi-directional splits the heads into forward and backward halves and needs an even "
                 f"--encoder-attention-heads, got {cfg.encoder.attention_heads}"
             )
-        return MTSAMultiheadAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            bi_directional=bi_directional,
-            **_mtsa_options(cfg),
-        )
+        return _mtsa_attention(self, embed_dim, cfg.encoder.attention_heads, cfg, bi_directional=bi_directional)
 
 
 class MTSADecoderLayer(TransformerDecoderLayerBase):
@@ -88,22 +88,13 @@ class MTSADecoderLayer(TransformerDecoderLayerBase):
                 "--decoder-self-attention-type mtsa is a plain causal self-attention: it cannot be combined with "
                 "--cross-self-attention, add_bias_kv or add_zero_attn"
             )
-        options = _mtsa_options(cfg)
-        if not options["s2t_activation"].endswith("sigmoid"):
+        activation = getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid")
+        if not activation.endswith("sigmoid"):
             raise ValueError(
                 "--decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or scaled_sigmoid, got "
-                f"{options['s2t_activation']}: exp source2token weights are shifted by a sequence-wide maximum, "
-                "which is not causal"
+                f"{activation}: exp source2token weights are shifted by a sequence-wide maximum, which is not causal"
             )
-        return MTSAMultiheadAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            causal=True,
-            **options,
-        )
+        return _mtsa_attention(self, embed_dim, cfg.decoder.attention_heads, cfg, causal=True)
 
 
 class TransformerMTSAEncoder(TransformerEncoder):

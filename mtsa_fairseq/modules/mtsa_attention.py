@@ -91,7 +91,7 @@ class MTSAMultiheadAttention(MultiheadAttention):
         """``E_S`` from per-head ``x [B, H, L, d_v]`` (reference 1.2 steps 3-4)."""
         if self.s2t_hidden is not None:
             x = activation(self.s2t_hidden_activation)(self.s2t_hidden(x))
-        logits = self.s2t(x) * self.s2t_scale
+        logits = self.s2t(x, scale=self.s2t_scale)
         if self.s2t_activation.endswith("sigmoid"):
             return torch.sigmoid(logits)
         # exp: a per-(batch, head, feature) constant cancels in the core's ratio (reference 8.4)

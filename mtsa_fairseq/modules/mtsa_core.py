@@ -245,6 +245,10 @@ def mtsa_core(
     out = q.new_empty(batch, num_heads, q_len, v.shape[-1])
     pos = torch.arange(k_len, device=q.device)
     q_pos = pos[k_len - q_len:]
+    mode = groups[0][1]
+    if len(groups) == 1 and use == "sdpa" and include_self and (mode is None or mode == "forward" and q_len == 1):
+        # no positional mask, or one new query that sees every earlier key: one call pair, no copy
+        return _sdpa_ratio(q, k, num_values, s2t, _key_mask(keys_real), scale, dropout_active, keep)
     for heads, mode in groups:
         qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], s2t[:, heads]
         if use == "sdpa" and include_self and (mode is None or mode == "forward" and q_len == 1):
@@ -272,9 +276,28 @@ def _key_mask(keys_real: Tensor | None) -> Tensor | None:
     return None if keys_real is None else keys_real[:, None, None, :]
 
 
+class _GuardedRatio(torch.autograd.Function):
+    """``N / where(Z > 0, Z, 1)``, the authors' guard (reference 1.2 step 5), with the gradients of
+    that expression. It saves only ``N`` and ``Z``, which the attention kernels producing them keep
+    for their own backward anyway; autograd's division would also keep the guarded copy of ``Z``."""
+
+    @staticmethod
+    def forward(ctx, num: Tensor, den: Tensor) -> Tensor:
+        ctx.save_for_backward(num, den)
+        return num / torch.where(den > 0, den, torch.ones_like(den))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        num, den = ctx.saved_tensors
+        positive = den > 0
+        guarded = torch.where(positive, den, torch.ones_like(den))
+        grad_num = grad / guarded
+        grad_den = torch.where(positive, -grad_num * num / guarded, torch.zeros_like(den))
+        return grad_num, grad_den
+
+
 def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
-    """The authors' guard: ``Z <- where(Z > 0, Z, 1)`` (reference 1.2 step 5)."""
-    return num / torch.where(den > 0, den, torch.ones_like(den))
+    return _GuardedRatio.apply(num, den)
 
 
 def _sdpa_ratio(

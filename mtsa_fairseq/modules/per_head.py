@@ -45,10 +45,21 @@ class PerHeadLinear(nn.Module):
         if self.bias is not None:
             nn.init.constant_(self.bias, self.bias_init)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``x``: ``[B, H, L, d_in]`` -> ``[B, H, L, d_out]``."""
-        y = torch.einsum("bhld,hde->bhle", x, self.weight)
-        return y if self.bias is None else y + self.bias[None, :, None, :]
+    def forward(self, x: Tensor, scale: float = 1.0) -> Tensor:
+        """``x``: ``[B, H, L, d_in]`` -> ``scale * (x W + b)``, ``[B, H, L, d_out]``."""
+        if x.stride(1) == 0:  # the same input for every head (expanded): einsum runs one matmul
+            y = torch.einsum("bhld,hde->bhle", x, self.weight)
+            y = y if self.bias is None else y + self.bias[None, :, None, :]
+            return y if scale == 1.0 else y * scale
+        batch, heads, length, d_in = x.shape
+        # [H, L*B, d_in] is a view of a head-split [L, B, H*d] projection, so autograd keeps no copy of x
+        rows = x.permute(1, 2, 0, 3).reshape(heads, length * batch, d_in)
+        if self.bias is None:
+            y = torch.bmm(rows, self.weight)
+            y = y if scale == 1.0 else y * scale
+        else:
+            y = torch.baddbmm(self.bias[:, None, :], rows, self.weight, beta=scale, alpha=scale)
+        return y.view(heads, length, batch, -1).permute(2, 0, 1, 3).contiguous()
 
     def extra_repr(self) -> str:
         h, i, o = self.weight.shape

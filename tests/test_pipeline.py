@@ -1,0 +1,87 @@
+"""The one-command pipeline at toy size: raw files -> data -> 2 seeds x 2 configs -> BLEU -> report."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mtsa_fairseq.toy_corpus import write_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINE = ROOT / "scripts" / "pipeline.py"
+ENV = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
+
+
+def tiny_config(directory: Path, demo: str) -> Path:
+    config = yaml.safe_load((ROOT / "configs" / f"{demo}.yaml").read_text())
+    config["name"] = f"tiny_{config['system']}"
+    config["fairseq"].update({"encoder-embed-dim": 32, "decoder-embed-dim": 32, "encoder-ffn-embed-dim": 64,
+                              "decoder-ffn-embed-dim": 64, "max-update": 150, "warmup-updates": 30, "lr": 5e-3,
+                              "log-interval": 50})
+    path = directory / f"{config['name']}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def pipeline(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PIPELINE), *args], capture_output=True, text=True, env=ENV,
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    write_corpus(root / "raw", {"train": 1000, "valid": 30, "test": 20}, seed=5)
+    raw = {s: [str(root / "raw" / f"{s}.en"), str(root / "raw" / f"{s}.de")] for s in ("train", "valid", "test")}
+    args = ["--out", str(root / "out"), "--train", *raw["train"], "--valid", *raw["valid"],
+            "--test", "toy", *raw["test"], "--vocab-size", "100", "--seeds", "1", "2",
+            "--baseline-config", str(tiny_config(root, "demo_transformer")),
+            "--system-config", str(tiny_config(root, "demo_mtsa")), "--names", "Base", "Mine",
+            "--score-args", "--beam 2"]
+    proc = pipeline(*args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root / "out", args, proc
+
+
+def test_pipeline_writes_every_stage(finished):
+    out, _, proc = finished
+    assert (out / "data" / "manifest.json").exists()
+    for system in ("tiny_transformer", "tiny_mtsa"):
+        for seed in (1, 2):
+            run = json.loads((out / "runs" / system / f"seed{seed}" / "run.json").read_text())
+            assert run["status"] == "done" and run["seed"] == seed and run["num_updates"] == 150
+            result = json.loads((out / "results" / f"{system}_seed{seed}_toy.json").read_text())
+            assert result["num_sentences"] == 20 and result["system"] == run["system"]
+    report = (out / "report.md").read_text()
+    assert "| Base |" in report and "| Mine |" in report and "2 / 2" in report
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "report.json").read_text())
+    assert "4/4 significance report" in proc.stdout
+
+
+def test_rerun_reuses_everything(finished):
+    out, args, _ = finished
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")}
+    proc = pipeline(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "data: reusing" in proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")} == stamps
+    assert (out / "report.md").exists()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seeds", "1"], "at least 2 distinct seeds"),
+        (["--seeds", "3", "3"], "at least 2 distinct seeds"),
+        (["--train", "nope.en", "nope.de", "--test", "t", "nope.en", "nope.de"], "does not exist"),
+        (["--system-config", str(ROOT / "configs/demo_transformer.yaml")], "must be different configs"),
+    ],
+)
+def test_bad_input_stops_before_writing(tmp_path, args, message):
+    proc = pipeline("--out", str(tmp_path / "out"), *args)
+    assert proc.returncode != 0 and message in proc.stderr
+    assert not (tmp_path / "out").exists()

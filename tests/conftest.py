@@ -1,7 +1,28 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+from mtsa_fairseq.toy_corpus import write_corpus
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory) -> Path:
+    """The toy corpus (300/40/20 pairs, seed 3) in ``raw/`` and binarised with a joined dictionary in ``bin/``."""
+    root = tmp_path_factory.mktemp("toy")
+    write_corpus(root / "raw", {"train": 300, "valid": 40, "test": 20}, seed=3)
+    subprocess.run(
+        [str(Path(sys.executable).parent / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
+         "--trainpref", str(root / "raw/train"), "--validpref", str(root / "raw/valid"), "--testpref",
+         str(root / "raw/test"), "--destdir", str(root / "bin"), "--joined-dictionary", "--workers", "1"],
+        check=True, capture_output=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
+    )
+    return root

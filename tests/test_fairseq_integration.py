@@ -14,7 +14,6 @@ from fairseq import checkpoint_utils, options, tasks
 
 import mtsa_fairseq
 from mtsa_fairseq.checkpoint_safety import FAIRSEQ_CHECKPOINT_GLOBALS
-from mtsa_fairseq.toy_corpus import write_corpus
 
 USER_DIR = str(Path(mtsa_fairseq.__file__).parent)
 BIN = Path(sys.executable).parent
@@ -46,15 +45,10 @@ def train_args(data: Path, save_dir: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    write_corpus(root / "raw", {"train": 300, "valid": 40, "test": 20}, seed=3)
-    run("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", str(root / "raw/train"),
-        "--validpref", str(root / "raw/valid"), "--testpref", str(root / "raw/test"), "--destdir", str(root / "bin"),
-        "--joined-dictionary", "--workers", "1")
-    save = root / "ckpt"
-    run("fairseq-train", *train_args(root / "bin", save, "--arch", "transformer_mtsa_tiny", "--max-update", "24"))
-    return root, save
+def trained(toy_data, tmp_path_factory):
+    save = tmp_path_factory.mktemp("e2e") / "ckpt"
+    run("fairseq-train", *train_args(toy_data / "bin", save, "--arch", "transformer_mtsa_tiny", "--max-update", "24"))
+    return toy_data, save
 
 
 def test_train_writes_loadable_checkpoints(trained):

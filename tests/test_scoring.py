@@ -128,12 +128,8 @@ def test_detokenize_with_sentencepiece(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("score")
-    write_corpus(root / "raw", {"train": 300, "valid": 40, "test": 20}, seed=3)
-    run("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", str(root / "raw/train"),
-        "--validpref", str(root / "raw/valid"), "--testpref", str(root / "raw/test"), "--destdir", str(root / "bin"),
-        "--joined-dictionary", "--workers", "1")
+def trained(toy_data):
+    root = toy_data
     run("fairseq-train", str(root / "bin"), "--user-dir", USER_DIR, "--cpu", "--seed", "5", *TINY,
         "--arch", "transformer_mtsa_tiny", "--optimizer", "adam", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt",
         "--warmup-updates", "10", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

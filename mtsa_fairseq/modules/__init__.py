@@ -1,5 +1,6 @@
+from .disan import DiSABlock, DiSAN, MultiDimSource2Token
 from .mtsa_attention import MTSAMultiheadAttention
 from .mtsa_core import mtsa_core
 from .sentence_mtsa import SentenceMTSA
 
-__all__ = ["MTSAMultiheadAttention", "SentenceMTSA", "mtsa_core"]
+__all__ = ["DiSABlock", "DiSAN", "MTSAMultiheadAttention", "MultiDimSource2Token", "SentenceMTSA", "mtsa_core"]

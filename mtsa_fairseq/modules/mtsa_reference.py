@@ -5,6 +5,7 @@
 * :func:`mtsa_naive` is the authors' TensorFlow algorithm (reference 1.2): ``E_R`` materialised as
   ``[B, H, L, L]`` with a raw ``exp`` (it overflows in half precision, as theirs does), the guarded
   denominator, and dropout ``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S`` in the numerator only.
+* :func:`disa_naive` is DiSAN's directional attention with the full ``[B, L, L, d]`` logits (reference 4.1).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .mtsa_core import allowed_mask
+from .mtsa_core import allowed_mask, positional_mask
 
 
 def _token2token(q: Tensor, k: Tensor, token2token: str, mask: Tensor) -> Tensor:
@@ -55,3 +56,20 @@ def mtsa_naive(
     e_r_num = F.dropout(e_r, drop, training=active)
     s2t_num = F.dropout(s2t, drop, training=active)
     return torch.matmul(e_r_num, v * s2t_num) / z
+
+
+def disa_naive(
+    head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None, direction: str | None,
+) -> Tensor:
+    """DiSA's token2token attention as the authors compute it (reference 4.1 steps 3-5): the full
+    ``[B, L, L, d]`` logits, ``-1e30`` on illegal pairs, softmax over keys, probabilities re-masked."""
+    length = values.shape[1]
+    pos = torch.arange(length, device=values.device)
+    rule = positional_mask(pos[:, None], pos[None, :], direction, include_self=False)
+    mask = rule[None].expand(values.shape[0], length, length).clone()
+    if key_padding_mask is not None:
+        mask &= ~key_padding_mask[:, None, :]
+    mask = mask[..., None].to(values.dtype)
+    logits = 5.0 * torch.tanh((head[:, :, None, :] + dep[:, None, :, :] + bias) / 5.0)
+    probs = torch.softmax(logits + (1.0 - mask) * -1e30, dim=2) * mask
+    return (probs * values[:, None, :, :]).sum(dim=2)

@@ -1,0 +1,152 @@
+"""DiSAN (Shen et al., AAAI 2018): directional self-attention blocks and multi-dimensional
+source2token pooling, as the authors' code computes them (reference sections 2.6, 4 and 6).
+
+For a batch element, query ``j``, key ``i`` and feature ``l`` of one DiSA block::
+
+    h         = act(x W_h + b_h)                                   [B, L, d]
+    f[j,i,l]  = 5 * tanh(((h' W_2)_j + (h' W_1)_i + b)_l / 5)       h' = dropout(h)
+    P[j,i,l]  = softmax_i(f[j,i,l] - 1e30 * (1 - M[j,i])) * M[j,i]  M: forward i < j, backward i > j,
+                                                                    None i != j; key i real
+    s_j       = sum_i P[j,i,:] * h_i                               (undropped h)
+    u_j       = (F_j * h_j + (1 - F_j) * s_j) * real_j,  F = sigmoid(h W_f1 + b_f1 + s W_f2 + b_f2 + o)
+
+The authors materialise ``f`` as ``[B, L, L, d]``. :func:`directional_attention` computes ``s`` over
+query chunks of bounded size and recomputes each chunk in the backward pass, so peak memory is that
+of one chunk; :func:`mtsa_fairseq.modules.mtsa_reference.disa_naive` is the literal version.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .mtsa_core import positional_mask
+from .per_head import activation
+
+DISA_DIRECTIONS = ("forward", "backward", None)
+# Upper bound on the elements of one query chunk's [B, chunk, L, d] score tensor.
+CHUNK_ELEMENTS = 1 << 24
+SCALE = 5.0  # the authors' scaled_tanh constant c
+
+
+def disa_allowed(key_padding_mask: Tensor | None, q_pos: Tensor, k_pos: Tensor, direction: str | None) -> Tensor:
+    """Boolean ``[B or 1, Lq, Lk]``: strict positional rule AND key real (reference 6, DiSAN rows)."""
+    allowed = positional_mask(q_pos[:, None], k_pos[None, :], direction, include_self=False)[None]
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, k_pos]
+    return allowed
+
+
+def _chunk_attention(head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
+    """``s`` for one chunk of queries: ``head [B, c, d]``, ``dep``/``values [B, L, d]``, ``allowed [., c, L]``."""
+    logits = SCALE * torch.tanh((head[:, :, None, :] + dep[:, None, :, :] + bias) / SCALE)
+    mask = allowed[..., None].to(logits.dtype)
+    probs = torch.softmax(logits - 1e30 * (1.0 - mask), dim=2) * mask  # rows with no legal key -> 0
+    return (probs * values[:, None, :, :]).sum(dim=2)
+
+
+def directional_attention(
+    head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None,
+    direction: str | None, chunk_size: int | None = None,
+) -> Tensor:
+    """``s [B, L, d]`` of a DiSA block from ``head = h' W_2``, ``dep = h' W_1``, ``bias [d]`` and
+    ``values = h``, computed over query chunks; in training each chunk is recomputed in backward,
+    so no ``[B, L, L, d]`` tensor ever exists (only one ``[B, chunk, L, d]`` at a time)."""
+    if direction not in DISA_DIRECTIONS:
+        raise ValueError(f"direction must be one of {DISA_DIRECTIONS}, got {direction!r}")
+    batch, length, dim = values.shape
+    size = chunk_size or max(1, CHUNK_ELEMENTS // max(1, batch * length * dim))
+    pos = torch.arange(length, device=values.device)
+    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (head, dep, bias, values))
+    out = []
+    for start in range(0, length, size):
+        end = min(length, start + size)
+        allowed = disa_allowed(key_padding_mask, pos[start:end], pos, direction)
+        args = (head[:, start:end], dep, bias, values, allowed)
+        out.append(checkpoint(_chunk_attention, *args, use_reentrant=False) if recompute else _chunk_attention(*args))
+    return torch.cat(out, dim=1)
+
+
+class DiSABlock(nn.Module):
+    """One directional self-attention block with its fusion gate (reference 4.1).
+
+    Args:
+        dim: input and output width ``d`` (the embedding size; 300 in the papers).
+        direction: ``"forward"`` (keys ``i < j``), ``"backward"`` (``i > j``) or None (``i != j``).
+        activation_name: ``act`` of the first dense layer (``elu`` on SNLI, ``relu`` on SST).
+        dropout: dropout probability ``1 - keep`` on the inputs of the dense layers.
+        chunk_size: queries per chunk (default: keep a chunk's scores under 2**24 elements).
+    """
+
+    def __init__(self, dim: int, direction: str | None = "forward", activation_name: str = "elu",
+                 dropout: float = 0.0, chunk_size: int | None = None):
+        super().__init__()
+        if direction not in DISA_DIRECTIONS:
+            raise ValueError(f"direction must be one of {DISA_DIRECTIONS}, got {direction!r}")
+        self.direction, self.dropout, self.chunk_size = direction, dropout, chunk_size
+        self.act = activation(activation_name)
+        self.fc_h = nn.Linear(dim, dim)
+        self.w_dep = nn.Linear(dim, dim, bias=False)  # W_1, applied to the keys
+        self.w_head = nn.Linear(dim, dim, bias=False)  # W_2, applied to the queries
+        self.f_bias = nn.Parameter(torch.zeros(dim))
+        self.gate_h = nn.Linear(dim, dim)
+        self.gate_s = nn.Linear(dim, dim)
+        self.o_bias = nn.Parameter(torch.zeros(dim))
+        for layer in (self.fc_h, self.w_dep, self.w_head, self.gate_h, self.gate_s):
+            nn.init.xavier_uniform_(layer.weight)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+    def _drop(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.dropout, self.training)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, d]``, ``key_padding_mask`` bool ``[B, L]`` (True = pad) -> ``u [B, L, d]``."""
+        h = self.act(self.fc_h(self._drop(x)))
+        hd = self._drop(h)
+        s = directional_attention(self.w_head(hd), self.w_dep(hd), self.f_bias, h, key_padding_mask,
+                                  self.direction, self.chunk_size)
+        gate = torch.sigmoid(self.gate_h(self._drop(h)) + self.gate_s(self._drop(s)) + self.o_bias)
+        u = gate * h + (1.0 - gate) * s
+        return u if key_padding_mask is None else u.masked_fill(key_padding_mask[..., None], 0.0)
+
+
+class MultiDimSource2Token(nn.Module):
+    """Multi-dimensional source2token pooling (reference 2.6): ``P = softmax_t(W_2 act(W_1 x + b_1) + b_2)``
+    per feature over real positions, output ``sum_t P_t * x_t`` (``[B, d]``)."""
+
+    def __init__(self, dim: int, activation_name: str = "elu", dropout: float = 0.0):
+        super().__init__()
+        self.act, self.dropout = activation(activation_name), dropout
+        self.fc1, self.fc2 = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        for layer in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        drop = lambda t: F.dropout(t, self.dropout, self.training)  # noqa: E731
+        logits = self.fc2(drop(self.act(self.fc1(drop(x)))))
+        if key_padding_mask is not None:
+            logits = logits - 1e30 * key_padding_mask[..., None].to(logits.dtype)
+        return (torch.softmax(logits, dim=1) * x).sum(dim=1)
+
+
+class DiSAN(nn.Module):
+    """DiSAN: forward and backward DiSA blocks (untied), concatenated, pooled by multi-dimensional
+    source2token attention (reference 4.2): ``[B, L, d] -> [B, 2d]``. ``directional=False`` gives the
+    papers' "DiSAN without directions" baseline (both blocks use the ``i != j`` mask)."""
+
+    def __init__(self, dim: int, activation_name: str = "elu", dropout: float = 0.0, directional: bool = True,
+                 chunk_size: int | None = None):
+        super().__init__()
+        directions = ("forward", "backward") if directional else (None, None)
+        self.blocks = nn.ModuleList(
+            DiSABlock(dim, d, activation_name, dropout, chunk_size) for d in directions
+        )
+        self.pool = MultiDimSource2Token(2 * dim, activation_name, dropout)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        u = torch.cat([block(x, key_padding_mask) for block in self.blocks], dim=-1)
+        return self.pool(u, key_padding_mask)

@@ -1,0 +1,209 @@
+"""Baseline sentence encoders of the DiSAN paper (Shen et al., AAAI 2018, section "Baselines"), each
+followed by multi-dimensional source2token pooling (reference 2.6).
+
+Every encoder has the same interface::
+
+    encoder = Encoder(input_dim, ..., dropout=0.0)
+    encoder.output_dim                                    # width of the sentence vector
+    encoder(x [B, L, input_dim], key_padding_mask [B, L] bool (True = pad) or None) -> [B, output_dim]
+
+Padding never influences real tokens: the BiLSTM runs on packed sequences, the convolutions see
+zeros at padded positions, and the multi-head attention masks padded keys and numbers positions
+by real tokens only. A sentence therefore encodes to the same vector alone, left- or right-padded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .disan import MultiDimSource2Token
+
+
+def zero_pads(x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """``x [B, L, d]`` with the rows at padded positions set to 0."""
+    return x if key_padding_mask is None else x.masked_fill(key_padding_mask[..., None], 0.0)
+
+
+def real_positions(key_padding_mask: Tensor | None, batch: int, length: int, device: torch.device) -> Tensor:
+    """Position of every token among the real tokens of its row (``[B, L]`` long; pads get the
+    position of the preceding real token, or 0), so left padding does not shift positions."""
+    if key_padding_mask is None:
+        return torch.arange(length, device=device).expand(batch, length)
+    return ((~key_padding_mask).long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def sinusoidal_encoding(positions: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
+    """Vaswani et al. (2017) encoding of ``positions [B, L]``: ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
+    ``PE[p, 2i+1] = cos(p / 10000^(2i/d))``, shape ``[B, L, dim]``."""
+    inv_freq = torch.exp(
+        torch.arange(0, dim, 2, device=positions.device, dtype=dtype) * (-math.log(10000.0) / dim)
+    )
+    angles = positions.to(dtype)[..., None] * inv_freq
+    pe = positions.new_zeros(*positions.shape, dim, dtype=dtype)
+    pe[..., 0::2] = torch.sin(angles)
+    pe[..., 1::2] = torch.cos(angles[..., : dim // 2])
+    return pe
+
+
+class BiLSTMEncoder(nn.Module):
+    """Bi-LSTM baseline (DiSAN paper, "Bi-LSTM": 600D, 300 units per direction) + source2token pooling.
+
+    Real tokens of each row are moved to the front (keeping their order), packed with
+    ``pack_padded_sequence`` and put back in place after the LSTM, so padding on either side (or
+    anywhere) never enters the recurrence. Padded outputs are zeroed; a fully padded row encodes to 0.
+
+    Args:
+        input_dim: embedding width. hidden_dim: units per direction (output ``2 * hidden_dim`` per token).
+        dropout: dropout on the LSTM input and on the pooling layers' inputs.
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: int = 300, dropout: float = 0.0, pool_activation: str = "elu"):
+        super().__init__()
+        self.dropout = dropout
+        self.lstm = nn.LSTM(input_dim, hidden_dim, batch_first=True, bidirectional=True)
+        self.output_dim = 2 * hidden_dim
+        self.pool = MultiDimSource2Token(self.output_dim, pool_activation, dropout)
+
+    def encode_tokens(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Per-token outputs ``[B, L, 2 * hidden_dim]`` (pad rows 0)."""
+        x = F.dropout(x, self.dropout, self.training)
+        if key_padding_mask is None:
+            return self.lstm(x)[0]
+        batch, length, dim = x.shape
+        lengths = (~key_padding_mask).sum(dim=1)
+        # stable sort on the pad flag: real tokens first, in their original order
+        order = torch.argsort(key_padding_mask.to(torch.int64), dim=1, stable=True)
+        gathered = x.gather(1, order[..., None].expand(batch, length, dim))
+        packed = pack_padded_sequence(gathered, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=length)
+        restored = torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
+        return zero_pads(restored, key_padding_mask)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, input_dim]`` -> ``[B, 2 * hidden_dim]``."""
+        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
+
+
+class MultiCNNEncoder(nn.Module):
+    """Multi-window CNN baseline (DiSAN paper, "Multi-window CNN" after Kim (2014): windows 3, 4, 5 with
+    200 filters each, 600D) + source2token pooling.
+
+    Each window is a 1-D convolution with "same" padding and relu; the outputs are concatenated per
+    token. Padded positions are zeroed before the convolutions, so they act exactly like the
+    convolution's own zero padding at the sentence borders.
+
+    Args:
+        input_dim: embedding width. kernel_sizes: window widths. channels: filters per window.
+        dropout: dropout on the convolutions' input and on the pooling layers' inputs.
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+    """
+
+    def __init__(self, input_dim: int, kernel_sizes: Sequence[int] = (3, 4, 5), channels: int = 200,
+                 dropout: float = 0.0, pool_activation: str = "elu"):
+        super().__init__()
+        self.dropout = dropout
+        self.convs = nn.ModuleList(nn.Conv1d(input_dim, channels, k, padding="same") for k in kernel_sizes)
+        self.output_dim = channels * len(kernel_sizes)
+        self.pool = MultiDimSource2Token(self.output_dim, pool_activation, dropout)
+
+    def encode_tokens(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Per-token outputs ``[B, L, channels * len(kernel_sizes)]`` (pad rows 0)."""
+        x = zero_pads(F.dropout(x, self.dropout, self.training), key_padding_mask).transpose(1, 2)
+        out = torch.cat([F.relu(conv(x)) for conv in self.convs], dim=1).transpose(1, 2)
+        return zero_pads(out, key_padding_mask)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, input_dim]`` -> ``[B, channels * len(kernel_sizes)]``."""
+        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
+
+
+class HierarchicalCNNEncoder(nn.Module):
+    """Hierarchical CNN baseline (DiSAN paper, "Hrchy-CNN" after Gehring et al. (2017): 3 layers of
+    300D gated convolutions with residual connections) + source2token pooling.
+
+    The input is first mapped to ``hidden_dim`` by a linear layer when the widths differ. Each layer
+    computes ``x <- x + GLU(conv(x))`` with a "same"-padded convolution to ``2 * hidden_dim``
+    channels; padded positions are zeroed before every layer.
+
+    Args:
+        input_dim: embedding width. hidden_dim: width of every layer (and of the output).
+        num_layers: gated convolution layers. kernel_size: convolution width.
+        dropout: dropout on every convolution's input and on the pooling layers' inputs.
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: int = 300, num_layers: int = 3, kernel_size: int = 3,
+                 dropout: float = 0.0, pool_activation: str = "elu"):
+        super().__init__()
+        self.dropout = dropout
+        self.input_proj = nn.Linear(input_dim, hidden_dim) if input_dim != hidden_dim else nn.Identity()
+        self.convs = nn.ModuleList(
+            nn.Conv1d(hidden_dim, 2 * hidden_dim, kernel_size, padding="same") for _ in range(num_layers)
+        )
+        self.output_dim = hidden_dim
+        self.pool = MultiDimSource2Token(hidden_dim, pool_activation, dropout)
+
+    def encode_tokens(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Per-token outputs ``[B, L, hidden_dim]`` (pad rows 0)."""
+        x = self.input_proj(F.dropout(x, self.dropout, self.training))
+        for conv in self.convs:
+            x = zero_pads(x, key_padding_mask)
+            h = F.dropout(x, self.dropout, self.training).transpose(1, 2)
+            x = x + F.glu(conv(h), dim=1).transpose(1, 2)
+        return zero_pads(x, key_padding_mask)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, input_dim]`` -> ``[B, hidden_dim]``."""
+        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
+
+
+class MultiHeadEncoder(nn.Module):
+    """Multi-head attention baseline (DiSAN paper, "Multi-head": one layer of multi-head attention
+    (Vaswani et al., 2017) with 8 heads, sinusoidal positional encoding added to the input) +
+    source2token pooling.
+
+    Positions count real tokens only, padded keys are masked, and padded outputs are zeroed. A fully
+    padded row attends over its (padded) keys to stay NaN-free and is then zeroed.
+
+    Args:
+        input_dim: embedding width. num_heads: attention heads.
+        head_dim: units per head; None uses ``input_dim / num_heads``. Otherwise the encoded input is
+            mapped to ``num_heads * head_dim`` by a linear layer first (the paper uses 8 x 75 units).
+        dropout: dropout on the attention input, the attention weights and the pooling layers' inputs.
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+    """
+
+    def __init__(self, input_dim: int, num_heads: int = 8, head_dim: int | None = None, dropout: float = 0.0,
+                 pool_activation: str = "elu"):
+        super().__init__()
+        embed_dim = input_dim if head_dim is None else num_heads * head_dim
+        if embed_dim % num_heads:
+            raise ValueError(f"attention width ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        self.input_dim, self.dropout = input_dim, dropout
+        self.input_proj = nn.Linear(input_dim, embed_dim) if embed_dim != input_dim else nn.Identity()
+        self.attn = nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout, batch_first=True)
+        self.output_dim = embed_dim
+        self.pool = MultiDimSource2Token(embed_dim, pool_activation, dropout)
+
+    def encode_tokens(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Per-token outputs ``[B, L, num_heads * head_dim]`` (pad rows 0)."""
+        batch, length, _ = x.shape
+        positions = real_positions(key_padding_mask, batch, length, x.device)
+        h = x + sinusoidal_encoding(positions, self.input_dim, x.dtype)
+        h = self.input_proj(F.dropout(h, self.dropout, self.training))
+        attn_mask = key_padding_mask
+        if key_padding_mask is not None:
+            attn_mask = key_padding_mask & ~key_padding_mask.all(dim=1, keepdim=True)
+        out = self.attn(h, h, h, key_padding_mask=attn_mask, need_weights=False)[0]
+        return zero_pads(out, key_padding_mask)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, input_dim]`` -> ``[B, num_heads * head_dim]``."""
+        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)

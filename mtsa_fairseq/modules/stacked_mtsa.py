@@ -1,0 +1,110 @@
+"""Stacked MTSA encoder: the API's ``stacking_mtsa`` (reference 2.5), built from :class:`SentenceMTSA`."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .disan import MultiDimSource2Token
+from .sentence_mtsa import SentenceMTSA
+
+LAYER_NORM_EPS = 1e-6  # reference 2.5
+
+
+class StackedMTSALayer(nn.Module):
+    """One layer of ``stacking_mtsa`` (reference 2.5), post-LN, FFN sub-block first::
+
+        y = relu(dense(dropout(x, dense_dropout)))
+        x = LN(x + dropout(y, dropout))
+        y = MTSA(x)    no fusion gate, q/k/v/s2t from x, one-layer s2t, linear v,
+                       output layer relu(dense(., hn))  (reference 2.1-2.3)
+        x = LN(x + dropout(y, dropout))
+
+    The accelerated path that ``stacking_mtsa`` runs (reference 2.3) computes q, k and v with one
+    bias-free dense layer, so the value projection here has no bias either.
+    """
+
+    def __init__(self, hidden_dim: int, num_heads: int = 8, dropout: float = 0.2, attn_dropout: float = 0.2,
+                 dense_dropout: float = 0.1, use_direction: bool = True, attn_self: bool = False,
+                 activation_name: str = "relu", token2token: str = "exp"):
+        super().__init__()
+        self.dropout, self.dense_dropout = dropout, dense_dropout
+        self.ffn = nn.Linear(hidden_dim, hidden_dim)
+        nn.init.xavier_uniform_(self.ffn.weight)
+        nn.init.zeros_(self.ffn.bias)
+        self.ffn_norm = nn.LayerNorm(hidden_dim, eps=LAYER_NORM_EPS)
+        self.attn = SentenceMTSA(
+            hidden_dim, hidden_dim, num_heads=num_heads, attn_dropout=attn_dropout, dense_dropout=dense_dropout,
+            use_direction=use_direction, attn_self=attn_self, use_fusion_gate=False, token2token=token2token,
+            attn_input="x", s2t_hidden_layer=False, activation_name=activation_name, activate_v=False,
+            output_dim=hidden_dim,
+        )
+        self.attn.v_proj.bias = None  # fused bias-free q/k/v projection (reference 2.3)
+        self.attn_norm = nn.LayerNorm(hidden_dim, eps=LAYER_NORM_EPS)
+
+    def ffn_block(self, x: Tensor) -> Tensor:
+        """``relu(dense(x))`` with input dropout (the sub-layer before its residual)."""
+        return F.relu(self.ffn(F.dropout(x, self.dense_dropout, self.training)))
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, hn]`` -> ``[B, L, hn]``; ``key_padding_mask`` bool ``[B, L]`` (True = pad)."""
+        x = self.ffn_norm(x + F.dropout(self.ffn_block(x), self.dropout, self.training))
+        y = self.attn(x, key_padding_mask)
+        return self.attn_norm(x + F.dropout(y, self.dropout, self.training))
+
+
+class StackedMTSA(nn.Module):
+    """``stacking_mtsa`` (reference 2.5): ``num_layers`` :class:`StackedMTSALayer` s over ``x [B, L, hn]``,
+    optionally followed by multi-dimensional source2token pooling (reference 2.6) like the baselines.
+
+    Defaults are the reference's: 8 heads, 10 layers, residual keep 0.8 (``dropout=0.2``), attention
+    keep 0.8 (``attn_dropout=0.2``), dense keep 0.9 (``dense_dropout=0.1``), directional masks without
+    the diagonal, relu, ``exp`` token2token. The padding mask is prepared once and shared by all layers.
+    Padded rows of the per-token output are zeroed (they never reach real tokens: every MTSA layer
+    masks padded keys).
+
+    Args:
+        input_dim: ``d_in``; must equal ``hidden_dim`` (the residual connections need it).
+        hidden_dim: ``hn``; None means ``input_dim``.
+        num_heads: ``head_num`` (even when ``use_direction``). num_layers: ``layer_num``.
+        dropout: ``1 - residual_keep``, on both sub-layers' outputs before the residual sum.
+        attn_dropout: ``1 - attn_keep``. dense_dropout: ``1 - dense_keep``, on every dense layer's input
+            (also used by the pooling layers).
+        use_direction, attn_self, activation_name, token2token: as in :class:`SentenceMTSA`.
+        pool: whether ``forward`` pools to ``[B, hn]`` (True) or returns ``[B, L, hn]``.
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: int | None = None, num_heads: int = 8, num_layers: int = 10,
+                 dropout: float = 0.2, attn_dropout: float = 0.2, dense_dropout: float = 0.1,
+                 use_direction: bool = True, attn_self: bool = False, activation_name: str = "relu",
+                 token2token: str = "exp", pool: bool = True, pool_activation: str = "elu"):
+        super().__init__()
+        hidden_dim = input_dim if hidden_dim is None else hidden_dim
+        if input_dim != hidden_dim:
+            raise ValueError(
+                f"StackedMTSA needs input_dim == hidden_dim (residual connections), got {input_dim} != {hidden_dim}"
+            )
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.output_dim = hidden_dim
+        self.layers = nn.ModuleList(
+            StackedMTSALayer(hidden_dim, num_heads, dropout, attn_dropout, dense_dropout, use_direction, attn_self,
+                             activation_name, token2token)
+            for _ in range(num_layers)
+        )
+        self.pool = MultiDimSource2Token(hidden_dim, pool_activation, dense_dropout) if pool else None
+
+    def encode_tokens(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Per-token outputs ``[B, L, hn]`` (pad rows 0)."""
+        if x.shape[-1] != self.output_dim:
+            raise ValueError(f"expected input width {self.output_dim}, got {x.shape[-1]}")
+        mask = None if key_padding_mask is None else key_padding_mask.bool()  # computed once for all layers
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x if mask is None else x.masked_fill(mask[..., None], 0.0)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, hn]`` -> ``[B, hn]`` with pooling, else ``[B, L, hn]``."""
+        tokens = self.encode_tokens(x, key_padding_mask)
+        return tokens if self.pool is None else self.pool(tokens, key_padding_mask)

@@ -1,0 +1,178 @@
+"""Baseline sentence encoders of the DiSAN paper and the stacked MTSA encoder (reference 2.5)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtsa_fairseq.modules.baseline_encoders import (
+    BiLSTMEncoder,
+    HierarchicalCNNEncoder,
+    MultiCNNEncoder,
+    MultiHeadEncoder,
+    sinusoidal_encoding,
+)
+from mtsa_fairseq.modules.stacked_mtsa import StackedMTSA, StackedMTSALayer
+
+D = 8
+
+ENCODERS = {
+    "bilstm": (lambda: BiLSTMEncoder(D, hidden_dim=6), 12),
+    "multi_cnn": (lambda: MultiCNNEncoder(D, kernel_sizes=(3, 4, 5), channels=4), 12),
+    "hrchy_cnn": (lambda: HierarchicalCNNEncoder(D, hidden_dim=6, num_layers=3, kernel_size=3), 6),
+    "hrchy_cnn_same_width": (lambda: HierarchicalCNNEncoder(D, hidden_dim=D), D),
+    "multi_head": (lambda: MultiHeadEncoder(D, num_heads=4), D),
+    "multi_head_8x3": (lambda: MultiHeadEncoder(D, num_heads=8, head_dim=3), 24),
+    "stacked_mtsa": (lambda: StackedMTSA(D, num_heads=4, num_layers=3, dropout=0.0, attn_dropout=0.0,
+                                         dense_dropout=0.0), D),
+}
+
+
+def build(name):
+    torch.manual_seed(0)
+    factory, width = ENCODERS[name]
+    return factory().double(), width
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_output_shape_and_width(name):
+    model, width = build(name)
+    assert model.output_dim == width
+    x = torch.randn(3, 7, D, dtype=torch.float64)
+    mask = torch.zeros(3, 7, dtype=torch.bool)
+    mask[1, :2] = True
+    mask[2, 5:] = True
+    assert model(x, mask).shape == (3, width)
+    assert model(x).shape == (3, width)
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_padding_invariance(name):
+    """The same sentence alone, left-padded and right-padded (large random pads) encodes identically."""
+    model, _ = build(name)
+    model.eval()
+    n, pad = 5, 3
+    sentence = torch.randn(1, n, D, dtype=torch.float64)
+    x = 1e3 * torch.randn(2, n + pad, D, dtype=torch.float64)
+    x[0, pad:] = sentence[0]  # left padded
+    x[1, :n] = sentence[0]  # right padded
+    mask = torch.zeros(2, n + pad, dtype=torch.bool)
+    mask[0, :pad] = True
+    mask[1, n:] = True
+    with torch.no_grad():
+        alone = model(sentence)
+        padded = model(x, mask)
+    torch.testing.assert_close(padded[0], alone[0], rtol=0, atol=1e-8)
+    torch.testing.assert_close(padded[1], alone[0], rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_gradients_reach_every_parameter(name):
+    model, _ = build(name)
+    model.train()
+    x = torch.randn(3, 6, D, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[0, :2] = True
+    mask[2, 4:] = True
+    out = model(x, mask)
+    (out * torch.randn_like(out)).sum().backward()
+    for pname, param in model.named_parameters():
+        assert param.grad is not None, pname
+        assert torch.isfinite(param.grad).all(), pname
+        assert param.grad.abs().sum() > 0, pname
+    assert torch.isfinite(x.grad).all()
+    assert torch.all(x.grad[0, :2] == 0) and torch.all(x.grad[2, 4:] == 0)  # pads feed nothing
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_fully_padded_rows_are_finite(name):
+    model, width = build(name)
+    x = torch.randn(2, 5, D, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1] = True
+    out = model(x, mask)
+    assert torch.isfinite(out).all()
+    assert torch.all(out[1] == 0)
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    for pname, param in model.named_parameters():
+        assert param.grad is None or torch.isfinite(param.grad).all(), pname
+
+
+def test_sinusoidal_encoding_values():
+    pe = sinusoidal_encoding(torch.arange(4)[None], 6, torch.float64)[0]
+    p, i = 3, 1
+    assert pe[p, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(p / 10000 ** (2 * i / 6))).item())
+    assert pe[p, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(p / 10000 ** (2 * i / 6))).item())
+    assert sinusoidal_encoding(torch.arange(3)[None], 5, torch.float64).shape == (1, 3, 5)
+
+
+def test_bilstm_real_tokens_packed_in_order():
+    """Per-token outputs equal running the LSTM on the real tokens alone, wherever the pads are."""
+    model, _ = build("bilstm")
+    model.eval()
+    x = torch.randn(1, 6, D, dtype=torch.float64)
+    mask = torch.tensor([[True, False, False, True, False, True]])
+    with torch.no_grad():
+        got = model.encode_tokens(x, mask)
+        want = model.lstm(x[:, ~mask[0]])[0]
+    torch.testing.assert_close(got[:, ~mask[0]], want, rtol=0, atol=1e-12)
+    assert torch.all(got[:, mask[0]] == 0)
+
+
+def test_stacked_mtsa_requires_equal_widths():
+    with pytest.raises(ValueError, match="input_dim == hidden_dim"):
+        StackedMTSA(D, hidden_dim=2 * D)
+    model = StackedMTSA(D, hidden_dim=D, num_heads=2, num_layers=1)
+    with pytest.raises(ValueError, match="input width"):
+        model(torch.randn(1, 3, D + 1))
+
+
+def test_stacked_mtsa_defaults_and_layer_config():
+    model = StackedMTSA(16)
+    assert len(model.layers) == 10 and model.output_dim == 16
+    layer = model.layers[0]
+    assert isinstance(layer, StackedMTSALayer)
+    assert (layer.dropout, layer.dense_dropout) == (0.2, 0.1)
+    attn = layer.attn
+    assert attn.num_heads == 8 and attn.attn_dropout == 0.2 and attn.dense_dropout == 0.1
+    assert attn.gate is None and attn.attn_input == "x" and attn.s2t_hidden is None and not attn.activate_v
+    assert attn.out_layer is not None and attn.out_layer.out_features == 16
+    assert attn.v_proj.bias is None and attn.q_proj.bias is None and attn.k_proj.bias is None
+    assert attn.direction == "bi" and not attn.attn_self and attn.token2token == "exp"
+    assert layer.ffn_norm.eps == 1e-6 and layer.attn_norm.eps == 1e-6
+    assert len(StackedMTSA(16, num_layers=3).layers) == 3
+    assert StackedMTSA(16, pool=False).pool is None
+
+
+def test_stacked_mtsa_matches_spelled_out_post_ln_loop():
+    torch.manual_seed(1)
+    model = StackedMTSA(D, num_heads=4, num_layers=2, pool=False).double().eval()
+    x = torch.randn(3, 6, D, dtype=torch.float64)
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[1, :2] = True
+    mask[2, 4:] = True
+    h = x
+    for layer in model.layers:
+        h = F.layer_norm(h + F.relu(layer.ffn(h)), (D,), layer.ffn_norm.weight, layer.ffn_norm.bias, 1e-6)
+        h = F.layer_norm(h + layer.attn(h, mask), (D,), layer.attn_norm.weight, layer.attn_norm.bias, 1e-6)
+    want = h.masked_fill(mask[..., None], 0.0)
+    with torch.no_grad():
+        got = model(x, mask)
+    assert got.shape == (3, 6, D)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # the other sub-block order (attention first) gives a different result
+    h = x
+    for layer in model.layers:
+        h = layer.attn_norm(h + layer.attn(h, mask))
+        h = layer.ffn_norm(h + F.relu(layer.ffn(h)))
+    assert (h.masked_fill(mask[..., None], 0.0) - got).abs().max() > 1e-3
+
+
+def test_stacked_mtsa_dropout_only_in_training():
+    torch.manual_seed(2)
+    model = StackedMTSA(D, num_heads=4, num_layers=2).double()
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    model.eval()
+    torch.testing.assert_close(model(x), model(x), rtol=0, atol=0)
+    model.train()
+    assert (model(x) - model(x)).abs().max() > 0

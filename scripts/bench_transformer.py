@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,6 @@ import time
 from pathlib import Path
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
-PROC_STATUS = Path("/proc/self/status")
 
 
 def build_model(arch: str, vocab: int, device: str, dtype: str):
@@ -75,29 +73,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _rss_kb(field: str) -> int:
-    return int(re.search(rf"{field}:\s+(\d+)", PROC_STATUS.read_text()).group(1))
-
-
 def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
     """Growth of peak memory during one encoder forward+backward pass (run in a fresh process)."""
-    import torch
+    from mtsa_fairseq.peak_memory import peak_growth_mb
 
     model, _ = build_model(MODELS[name], args.vocab, args.device, args.dtype)
     _encoder_pass(model, *_source_batch(args.batch, 16, args.vocab, args.device, 0))  # library initialisation
     tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
     model.zero_grad(set_to_none=True)
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        _encoder_pass(model, tokens, lengths)
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - before) / 2**20
-    Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
-    before = _rss_kb("VmRSS")
-    _encoder_pass(model, tokens, lengths)
-    return (_rss_kb("VmHWM") - before) / 1024
+    return peak_growth_mb(lambda: _encoder_pass(model, tokens, lengths), args.device)
 
 
 def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
@@ -245,8 +229,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    if not args.device.startswith("cuda") and not PROC_STATUS.exists():
-        parser.error("CPU peak memory is read from /proc/self/status (Linux only)")
+    from mtsa_fairseq.peak_memory import can_measure
+
+    if not can_measure(args.device):
+        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
     if args.memory_of:
         name, length = args.memory_of.split(":")
         print(json.dumps(peak_memory_mb(name, int(length), args)))

@@ -242,21 +242,27 @@ def mtsa_core(
     if use == "flex":
         return _flex_sigmoid(q, k, num_values, s2t, key_padding_mask, groups, include_self, scale)
     keys_real = None if key_padding_mask is None else ~key_padding_mask
+
+    def whole(qh: Tensor, kh: Tensor, nh: Tensor, sh: Tensor, mode: str | None) -> Tensor | None:
+        """One SDPA pair over all keys when the heads' mask needs no chunking: no positional mask, one
+        new query that sees every earlier key, or the kernel's own causal mask; else None."""
+        if use != "sdpa" or not include_self:
+            return None
+        if mode is None or mode == "forward" and q_len == 1:
+            return _sdpa_ratio(qh, kh, nh, sh, _key_mask(keys_real), scale, dropout_active, keep)
+        if mode == "forward" and keys_real is None and q_len == k_len:
+            return _sdpa_ratio(qh, kh, nh, sh, None, scale, dropout_active, keep, is_causal=True)
+        return None
+
+    if len(groups) == 1 and (result := whole(q, k, num_values, s2t, groups[0][1])) is not None:
+        return result  # all heads in one call pair, no copy into an output buffer
     out = q.new_empty(batch, num_heads, q_len, v.shape[-1])
     pos = torch.arange(k_len, device=q.device)
     q_pos = pos[k_len - q_len:]
-    mode = groups[0][1]
-    if len(groups) == 1 and use == "sdpa" and include_self and (mode is None or mode == "forward" and q_len == 1):
-        # no positional mask, or one new query that sees every earlier key: one call pair, no copy
-        return _sdpa_ratio(q, k, num_values, s2t, _key_mask(keys_real), scale, dropout_active, keep)
     for heads, mode in groups:
         qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], s2t[:, heads]
-        if use == "sdpa" and include_self and (mode is None or mode == "forward" and q_len == 1):
-            # no positional mask, or one new query that sees every earlier key
-            out[:, heads] = _sdpa_ratio(qh, kh, nh, sh, _key_mask(keys_real), scale, dropout_active, keep)
-            continue
-        if use == "sdpa" and include_self and mode == "forward" and keys_real is None and q_len == k_len:
-            out[:, heads] = _sdpa_ratio(qh, kh, nh, sh, None, scale, dropout_active, keep, is_causal=True)
+        if (result := whole(qh, kh, nh, sh, mode)) is not None:
+            out[:, heads] = result
             continue
         for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], q_len, k_len, mode, query_chunk_size):
             mask = positional_mask(q_pos[q0:q1, None], pos[None, k0:k1], mode, include_self)

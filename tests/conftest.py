@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mtsa_fairseq.toy_corpus import write_corpus
 
@@ -26,3 +27,24 @@ def toy_data(tmp_path_factory) -> Path:
         check=True, capture_output=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
     )
     return root
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any operator creates while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.fixture
+def largest_tensor() -> type[_LargestTensor]:
+    """``with largest_tensor() as mode: ...`` then ``mode.largest``: the memory-bound checks."""
+    return _LargestTensor

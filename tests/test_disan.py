@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mtsa_fairseq.modules.disan import DiSABlock, DiSAN, directional_attention
 from mtsa_fairseq.modules.mtsa_reference import disa_naive
@@ -56,25 +55,12 @@ def test_gradcheck_through_recomputed_chunks():
     )
 
 
-class LargestTensor(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("chunked", [True, False])
-def test_memory_is_bounded_by_the_chunk(chunked):
+def test_memory_is_bounded_by_the_chunk(chunked, largest_tensor):
     length, chunk = 64, 4
     block = DiSABlock(D, "forward", chunk_size=chunk if chunked else length)
     x = torch.randn(B, length, D, requires_grad=True)
-    with LargestTensor() as mode:
+    with largest_tensor() as mode:
         block(x, padding(length)).sum().backward()
     full = B * length * length * D
     if chunked:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ENCODERS = ("mtsa", "disan", "bilstm", "multi_cnn", "hrchy_cnn", "multi_head")
@@ -67,7 +65,7 @@ def _inputs(batch: int, length: int, dim: int, device: str):
 
 
 def memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
-    from mtsa_fairseq.peak_memory import peak_growth_mb
+    from mtsa_fairseq.benchmarking import peak_growth_mb
 
     model = build(name, args.dim).to(args.device).train()
     _pass(model, _inputs(args.batch, 8, args.dim, args.device))  # library initialisation
@@ -76,22 +74,12 @@ def memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
 
 
 def times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
-    import torch
+    """Median forward+backward time per encoder, the encoders alternating (ABBA order) pass by pass."""
+    from mtsa_fairseq.benchmarking import timed_rounds
 
     x = _inputs(args.batch, length, args.dim, args.device)
-    names = list(models)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for rep in range(args.repeats + 1):
-        for name in names if rep % 2 == 0 else names[::-1]:
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            _pass(models[name], x)
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            if rep > 0:
-                times[name].append(time.perf_counter() - start)
-    return {n: 1000 * statistics.median(t) for n, t in times.items()}
+    steps = {name: lambda _, model=model: _pass(model, x) for name, model in models.items()}
+    return {name: 1000 * statistics.median(t) for name, t in timed_rounds(steps, args.repeats, args.device).items()}
 
 
 def main() -> None:
@@ -110,7 +98,7 @@ def main() -> None:
 
     import torch
 
-    from mtsa_fairseq.peak_memory import can_measure
+    from mtsa_fairseq.benchmarking import can_measure, device_name
 
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
@@ -138,9 +126,8 @@ def main() -> None:
         rows.append({"L": length, "ms": ms, "mb": mb})
         print(f"[bench] L={length:5d} " + "  ".join(f"{n} {ms[n]:.0f} ms {mb[n]:.0f} MB" for n in args.encoders),
               flush=True)
-    device = (torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda")
-              else f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
-    settings = f"{device}, torch {torch.__version__}; batch {args.batch}, {args.dim} channels, forward+backward"
+    settings = (f"{device_name(args.device)}, torch {torch.__version__}; batch {args.batch}, {args.dim} channels, "
+                "forward+backward")
     header = ["L"] + [f"{n} ms" for n in args.encoders] + [f"{n} MB" for n in args.encoders]
     lines = [settings, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:

@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
@@ -66,16 +64,9 @@ def _source_batch(batch: int, length: int, vocab: int, device: str, seed: int):
     return tokens.to(device), torch.full((batch,), length, device=device)
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
     """Growth of peak memory during one encoder forward+backward pass (run in a fresh process)."""
-    from mtsa_fairseq.peak_memory import peak_growth_mb
+    from mtsa_fairseq.benchmarking import peak_growth_mb
 
     model, _ = build_model(MODELS[name], args.vocab, args.device, args.dtype)
     _encoder_pass(model, *_source_batch(args.batch, 16, args.vocab, args.device, 0))  # library initialisation
@@ -86,18 +77,12 @@ def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
 
 def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
     """Median forward+backward time per model, the models alternating (ABBA order) pass by pass."""
+    from mtsa_fairseq.benchmarking import timed_rounds
+
     tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
-    names = list(models)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for rep in range(args.repeats + 1):
-        for name in names if rep % 2 == 0 else names[::-1]:
-            _sync(args.device)
-            start = time.perf_counter()
-            _encoder_pass(models[name][0], tokens, lengths)
-            _sync(args.device)
-            if rep > 0:  # the first round is the warm-up
-                times[name].append(time.perf_counter() - start)
-    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+    steps = {name: lambda _, model=model: _encoder_pass(model, tokens, lengths) for name, (model, _) in models.items()}
+    seconds = timed_rounds(steps, args.repeats, args.device)
+    return {name: 1000 * statistics.median(t) for name, t in seconds.items()}
 
 
 def training_batches(args: argparse.Namespace) -> list[dict]:
@@ -129,33 +114,23 @@ def training_throughput(models: dict, args: argparse.Namespace) -> dict[str, flo
     """Target tokens per second of full training steps (loss, backward, Adam), models alternating."""
     import torch
 
+    from mtsa_fairseq.benchmarking import timed_rounds
+
     batches = training_batches(args)
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.997), eps=1e-9)
                   for name, (m, _) in models.items()}
-    seconds = dict.fromkeys(models, 0.0)
-    tokens = dict.fromkeys(models, 0)
-    for step, batch in enumerate(batches):
-        for name in list(models) if step % 2 == 0 else list(models)[::-1]:
-            model, criterion = models[name]
-            _sync(args.device)
-            start = time.perf_counter()
-            optimizers[name].zero_grad(set_to_none=True)
-            loss, _, _ = criterion(model, batch)
-            loss.backward()
-            optimizers[name].step()
-            _sync(args.device)
-            if step > 0:  # the first batch is the warm-up
-                seconds[name] += time.perf_counter() - start
-                tokens[name] += batch["ntokens"]
-    return {name: tokens[name] / seconds[name] for name in models}
 
+    def train_step(name: str, batch: dict) -> None:
+        model, criterion = models[name]
+        optimizers[name].zero_grad(set_to_none=True)
+        loss, _, _ = criterion(model, batch)
+        loss.backward()
+        optimizers[name].step()
 
-def _device_name(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    steps = {name: lambda r, name=name: train_step(name, batches[r]) for name in models}
+    seconds = timed_rounds(steps, len(batches) - 1, args.device)  # the first batch is the warm-up
+    tokens = sum(batch["ntokens"] for batch in batches[1:])
+    return {name: tokens / sum(seconds[name]) for name in models}
 
 
 def markdown(result: dict) -> str:
@@ -229,7 +204,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    from mtsa_fairseq.peak_memory import can_measure
+    from mtsa_fairseq.benchmarking import can_measure, device_name
 
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
@@ -262,7 +237,7 @@ def main() -> None:
               f"  peak {mb['transformer']:8.1f} / {mb['mtsa']:8.1f} MB (x{row['memory_ratio']:.3f})", flush=True)
     tok_s = training_throughput(models, args)
     print(f"[bench] training {tok_s['transformer']:.1f} / {tok_s['mtsa']:.1f} target tokens/s", flush=True)
-    settings = (f"{_device_name(args.device)}, torch {torch.__version__}, {args.dtype}; encoder batch {args.batch}, "
+    settings = (f"{device_name(args.device)}, torch {torch.__version__}, {args.dtype}; encoder batch {args.batch}, "
                 f"median of {args.repeats}; vocab {args.vocab}")
     result = {"settings": settings, "encoder": encoder,
               "training": {"steps": args.train_steps, "max_tokens": args.train_max_tokens, "tok_s": tok_s,

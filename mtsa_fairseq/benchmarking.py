@@ -1,0 +1,70 @@
+"""Measurement helpers shared by the benchmark scripts: side-by-side timing in alternating order, and
+peak memory of one step (CUDA's allocator statistics, or on a Linux CPU the resident set's high-water
+mark, reset through ``/proc/self/clear_refs`` just before the step)."""
+
+from __future__ import annotations
+
+import platform
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+PROC_STATUS = Path("/proc/self/status")
+
+
+def _status_kb(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+)", PROC_STATUS.read_text()).group(1))
+
+
+def can_measure(device: str) -> bool:
+    """Whether :func:`peak_growth_mb` works here (CUDA, or a CPU with ``/proc/self/status``)."""
+    return torch.cuda.is_available() if device.startswith("cuda") else PROC_STATUS.exists()
+
+
+def peak_growth_mb(step: Callable[[], None], device: str) -> float:
+    """How far peak memory rises above its level before ``step()`` while it runs, in MiB. Run it in a
+    fresh process per measurement: on CPU the allocator keeps freed memory, so earlier steps blur it."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts at the current RSS
+    before = _status_kb("VmRSS")
+    step()
+    return (_status_kb("VmHWM") - before) / 1024
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued CUDA work, so that wall-clock time covers it (no-op on CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed_rounds(steps: dict[str, Callable[[int], None]], rounds: int, device: str) -> dict[str, list[float]]:
+    """Seconds of ``steps[name](r)`` for rounds ``r = 1 .. rounds`` after a warm-up round 0. The steps
+    take turns within each round, in reversed order every other round (ABBA), so that all of them see
+    the same machine load."""
+    names = list(steps)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds + 1):
+        for name in names if r % 2 == 0 else names[::-1]:
+            synchronize(device)
+            start = time.perf_counter()
+            steps[name](r)
+            synchronize(device)
+            if r > 0:
+                seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def device_name(device: str) -> str:
+    """The GPU model, or the CPU architecture and torch's thread count."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"

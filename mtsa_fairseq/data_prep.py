@@ -48,7 +48,8 @@ from typing import TextIO
 import sentencepiece as spm
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 
-SCHEMA = "mtsa-fairseq.data.v1"
+from .contracts import MANIFEST_SCHEMA
+
 NORMALIZATIONS = ("nfkc", "nfc", "none")
 MODEL_TYPES = ("unigram", "bpe")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -435,7 +436,7 @@ def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid
     """
     src, tgt = cfg.source_lang, cfg.target_lang
     return {
-        "schema": SCHEMA, "source_lang": src, "target_lang": tgt, "data_bin": "bin", "spm_model": "spm.model",
+        "schema": MANIFEST_SCHEMA, "source_lang": src, "target_lang": tgt, "data_bin": "bin", "spm_model": "spm.model",
         "vocab_size": vocab_size, "normalization": cfg.normalization,
         "train": {"lines": train.lines, "kept": train.kept, "dropped_empty": train.dropped_empty,
                   "dropped_too_long": train.dropped_too_long, "dropped_ratio": train.dropped_ratio},

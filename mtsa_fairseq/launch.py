@@ -37,6 +37,7 @@ from .checkpoint_average import (
     average_checkpoints,
     save_checkpoint,
 )
+from .contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json
 from .train_config import (
     LAUNCHER_OPTIONS,
     USER_DIR,
@@ -48,8 +49,6 @@ from .train_config import (
     parse_fairseq_train,
 )
 
-RUN_SCHEMA = "mtsa-fairseq.run.v1"
-MANIFEST_SCHEMA = "mtsa-fairseq.data.v1"
 LAUNCHERS = ("local", "torchrun", "slurm")
 # fairseq on CPU under torchrun: its own torchrun detection divides by the GPU count, and an explicit
 # env:// init with its default rank 0 would give every process rank 0; rank -1 lets torch read RANK.
@@ -88,12 +87,7 @@ def resolve_data(path: str | Path) -> DataSource:
     source = target = None
     data_bin = given
     if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as err:
-            raise LaunchError(f"{manifest_path} is not valid JSON: {err}") from None
-        if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
-            raise LaunchError(f"{manifest_path} is not a {MANIFEST_SCHEMA} manifest")
+        manifest = read_json(manifest_path, MANIFEST_SCHEMA, "manifest", LaunchError)
         if not isinstance(manifest.get("data_bin"), str):
             raise LaunchError(f"{manifest_path} names no data_bin")
         data_bin = given / manifest["data_bin"]

@@ -25,7 +25,6 @@ may contain, become one space), so the hypotheses file has exactly one line per 
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -34,9 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RESULT_SCHEMA = "mtsa-fairseq.result.v1"
-MANIFEST_SCHEMA = "mtsa-fairseq.data.v1"
-RUN_SCHEMA = "mtsa-fairseq.run.v1"
+from .contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, RUN_SCHEMA, read_json
+
 METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
 
 _HYPOTHESIS = re.compile(r"^H-(\d+)\t")
@@ -186,28 +184,14 @@ def build_result(
     }
 
 
-def read_json(path: Path, schema: str, what: str, error: type[Exception] = ScoringError) -> dict[str, Any]:
-    """A JSON object file of the given ``schema``; anything else raises ``error`` naming ``what``."""
-    if not path.is_file():
-        raise error(f"{what} not found: {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{what} {path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema") != schema:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise error(f"{what} {path} has schema {found!r}, expected {schema!r}")
-    return data
-
-
 def read_manifest(data_dir: Path) -> dict[str, Any]:
     """``DIR/manifest.json`` of a prepared data directory (schema ``mtsa-fairseq.data.v1``)."""
-    return read_json(Path(data_dir) / "manifest.json", MANIFEST_SCHEMA, "manifest")
+    return read_json(Path(data_dir) / "manifest.json", MANIFEST_SCHEMA, "manifest", ScoringError)
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """``RUN/run.json`` of a training run directory (schema ``mtsa-fairseq.run.v1``)."""
-    return read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file")
+    return read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file", ScoringError)
 
 
 @dataclass(frozen=True)

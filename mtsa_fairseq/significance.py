@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .scoring import METRICS, RESULT_SCHEMA, read_json, read_lines
+from .contracts import RESULT_SCHEMA, read_json
+from .scoring import METRICS, read_lines
 
 TESTS = ("welch", "student")
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}

@@ -20,6 +20,7 @@ the report.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -102,8 +103,6 @@ def train(args: argparse.Namespace, data: Path) -> None:
 
 
 def score(args: argparse.Namespace, data: Path) -> dict[str, list[Path]]:
-    import json
-
     tests = list(json.loads((data / "manifest.json").read_text())["tests"])
     results: dict[str, list[Path]] = {"baseline": [], "system": []}
     for role, config in (("baseline", args.baseline_config), ("system", args.system_config)):

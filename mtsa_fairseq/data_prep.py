@@ -449,7 +449,8 @@ def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid
 # ------------------------------------------------------------------------------------------- prepare
 
 
-def _move_into_place(tmp: Path, out: Path) -> None:
+def move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished temporary directory ``tmp`` to ``out`` (replacing an existing ``out``)."""
     if not out.exists():
         tmp.rename(out)
         return
@@ -525,8 +526,8 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
                                   {t.name: counts[t.name] for t in cfg.tests})
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         shutil.rmtree(work)
-        os.chmod(tmp, 0o777 & ~_umask())
-        _move_into_place(tmp, out)
+        os.chmod(tmp, 0o777 & ~current_umask())
+        move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -543,7 +544,8 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     return manifest
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process umask (read without changing it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

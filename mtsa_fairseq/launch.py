@@ -254,7 +254,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def _executable(name: str) -> str:
+def find_executable(name: str) -> str:
+    """``name`` next to this interpreter (its virtual environment), else on PATH."""
     beside = Path(sys.executable).parent / name
     if beside.is_file():
         return str(beside)
@@ -394,7 +395,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
     env = {"PYTHONUNBUFFERED": "1"}
     if options.threads:
         env.update(OMP_NUM_THREADS=str(options.threads), MKL_NUM_THREADS=str(options.threads))
-    fairseq_train = _executable("fairseq-train")
+    fairseq_train = find_executable("fairseq-train")
     runs = []
     for seed in seeds:
         run_dir = config_root / f"seed{seed}"
@@ -404,7 +405,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
             if not cpu:  # fairseq spawns one process per GPU up to this size
                 command += ["--distributed-world-size", str(nproc)]
         elif options.launcher == "torchrun":
-            prefix = [_executable("torchrun"), "--nproc_per_node", str(nproc)]
+            prefix = [find_executable("torchrun"), "--nproc_per_node", str(nproc)]
             if nnodes > 1:
                 prefix += ["--nnodes", str(nnodes), "--node_rank", str(options.node_rank),
                            "--master_addr", str(options.master_addr)]

@@ -1,10 +1,13 @@
 """mtsa-fairseq: Multi-mask Tensorized Self-Attention (MTSA), DiSAN and Fast-DiSA for fairseq.
 
-Use as ``fairseq-train --user-dir <path to this package> --arch transformer_mtsa_wmt_en_de ...``.
+Use as ``fairseq-train --user-dir <path to this package> --arch transformer_mtsa_wmt_en_de ...`` (translation)
+or ``fairseq-train DATA --user-dir ... --task sentence_encoding --arch mtsa_encoder ...`` (sentence encoders).
 """
 
 from .checkpoint_safety import allow_fairseq_checkpoints
-from .models import transformer_mtsa  # noqa: F401  (registers the models)
+from .criterions import sentence_encoding as _criterion  # noqa: F401  (registers the criterion)
+from .models import sentence_encoder, transformer_mtsa  # noqa: F401  (registers the models)
+from .tasks import sentence_encoding as _task  # noqa: F401  (registers the task)
 
 allow_fairseq_checkpoints()
 

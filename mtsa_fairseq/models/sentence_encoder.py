@@ -1,0 +1,310 @@
+"""Sentence encoders (MTSA, Fast-DiSA, DiSAN and the papers' baselines) with the authors' classifiers.
+
+``fairseq-train DATA --user-dir mtsa_fairseq --task sentence_encoding --arch mtsa_encoder ...``. One model
+class, one architecture per encoder; the task's data (``manifest.json``) decides the head:
+
+* single sentence: ``y = W_2 act(W_1 e + b_1) (+ b_2)`` (reference 3.2, 4.4);
+* pair (SNLI, MultiNLI), separate encoding with shared weights: ``u = [p; h; p - h; p * h]`` ->
+  ``act(W_1 u + b_1)`` -> optional highway layer (MTSA's SNLI model, reference 3.1) -> ``W_2 . (+ b_2)``;
+* relatedness (SICK), Tai et al. (2015): ``[p * h; |p - h|]`` -> ``act(W_1 . + b_1)`` -> 5 logits; the
+  predicted score is ``sum_k k * softmax_k`` (the criterion trains it with Tai's sparse target distribution).
+
+Every dense layer of the head gets input dropout ``--dropout`` (the code's ``1 - keep``). Embeddings
+follow reference 3.1 (:class:`~mtsa_fairseq.modules.word_embedding.WordEmbedding`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+from torch import Tensor, nn
+
+from ..modules import (
+    BiLSTMEncoder,
+    DiSAN,
+    HierarchicalCNNEncoder,
+    MultiCNNEncoder,
+    MultiDimSource2Token,
+    MultiHeadEncoder,
+    SentenceMTSA,
+    StackedMTSA,
+)
+from ..modules.per_head import ACTIVATIONS, activation
+from ..modules.word_embedding import OOV_INITS, WordEmbedding, read_vectors
+
+ENCODERS = ("mtsa", "disan", "disan_undirected", "stacked_mtsa", "bilstm", "multi_cnn", "hrchy_cnn", "multi_head")
+KINDS = ("single", "pair", "relatedness")
+RELATEDNESS_CLASSES = 5  # SICK scores 1..5
+
+
+def _dense(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    nn.init.xavier_uniform_(layer.weight)  # TF get_variable's default (Glorot uniform), biases 0
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class MTSASentenceEncoder(nn.Module):
+    """:class:`SentenceMTSA` followed by multi-dimensional source2token pooling (reference 3.1-3.3)."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, num_heads: int, token2token: str, activation_name: str,
+                 dropout: float, attn_dropout: float):
+        super().__init__()
+        self.mtsa = SentenceMTSA(input_dim, hidden_dim, num_heads, attn_dropout=attn_dropout, dense_dropout=dropout,
+                                 token2token=token2token, activation_name=activation_name)
+        self.pool = MultiDimSource2Token(hidden_dim, activation_name, dropout)
+        self.output_dim = hidden_dim
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        return self.pool(self.mtsa(x, key_padding_mask), key_padding_mask)
+
+
+def build_encoder(args: argparse.Namespace) -> nn.Module:
+    """The sentence encoder named by ``args.encoder``; it maps ``[B, L, embed_dim]`` to ``[B, output_dim]``."""
+    dim, act, drop = args.embed_dim, args.encoder_activation, args.dropout
+    if args.encoder == "mtsa":
+        return MTSASentenceEncoder(dim, args.encoder_hidden_dim, args.encoder_heads, args.token2token, act, drop,
+                                   args.attention_dropout)
+    if args.encoder in ("disan", "disan_undirected"):
+        encoder = DiSAN(dim, act, drop, directional=args.encoder == "disan", chunk_size=args.disan_chunk_size)
+        encoder.output_dim = 2 * dim
+        return encoder
+    if args.encoder == "stacked_mtsa":
+        return StackedMTSA(dim, dim, args.encoder_heads, args.encoder_layers, dropout=drop,
+                           attn_dropout=args.attention_dropout, dense_dropout=drop, activation_name=act,
+                           token2token=args.token2token, pool_activation=act)
+    if args.encoder == "bilstm":
+        return BiLSTMEncoder(dim, args.encoder_hidden_dim, drop, act)
+    if args.encoder == "multi_cnn":
+        return MultiCNNEncoder(dim, (3, 4, 5), args.encoder_hidden_dim, drop, act)
+    if args.encoder == "hrchy_cnn":
+        return HierarchicalCNNEncoder(dim, args.encoder_hidden_dim, args.encoder_layers, 3, drop, act)
+    if args.encoder == "multi_head":
+        return MultiHeadEncoder(dim, args.encoder_heads, args.encoder_hidden_dim, drop, act)
+    raise ValueError(f"unknown --encoder {args.encoder!r}; choose one of {ENCODERS}")
+
+
+class Highway(nn.Module):
+    """``g * act(W_t x + b_t) + (1 - g) * x``, ``g = sigmoid(W_g x + b_g)``, input dropout on both (reference 3.1)."""
+
+    def __init__(self, dim: int, activation_name: str, dropout: float):
+        super().__init__()
+        self.transform, self.gate = _dense(dim, dim), _dense(dim, dim)
+        self.act, self.dropout = activation(activation_name), dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = self.act(self.transform(F.dropout(x, self.dropout, self.training)))
+        g = torch.sigmoid(self.gate(F.dropout(x, self.dropout, self.training)))
+        return g * t + (1.0 - g) * x
+
+
+class ClassifierHead(nn.Module):
+    """``act(W_1 x + b_1)`` -> optional highway -> ``W_2 . (+ b_2)``, input dropout before every dense layer."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, num_outputs: int, activation_name: str, dropout: float,
+                 highway: bool, output_bias: bool):
+        super().__init__()
+        self.hidden, self.out = _dense(input_dim, hidden_dim), _dense(hidden_dim, num_outputs, output_bias)
+        self.highway = Highway(hidden_dim, activation_name, dropout) if highway else None
+        self.act, self.dropout = activation(activation_name), dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.hidden(F.dropout(x, self.dropout, self.training)))
+        if self.highway is not None:
+            h = self.highway(h)
+        return self.out(F.dropout(h, self.dropout, self.training))
+
+
+@register_model("sentence_encoder")
+class SentenceEncoderModel(BaseFairseqModel):
+    """Embedding -> sentence encoder -> task head; ``forward`` returns logits ``[B, classes]``."""
+
+    def __init__(self, args: argparse.Namespace, embedding: WordEmbedding, encoder: nn.Module, head: ClassifierHead,
+                 kind: str):
+        super().__init__()
+        self.args, self.kind = args, kind
+        self.embedding, self.encoder, self.head = embedding, encoder, head
+
+    @staticmethod
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--encoder", choices=ENCODERS, help="sentence encoder (set by the architecture)")
+        parser.add_argument("--embed-dim", type=int, metavar="N", help="word embedding width (300)")
+        parser.add_argument("--embedding-path", metavar="FILE",
+                            help="GloVe or word2vec text file (.gz ok) to initialise the embeddings; "
+                                 "default: random init of every training word (--oov-init)")
+        parser.add_argument("--oov-init", choices=OOV_INITS,
+                            help="training words without a pretrained vector: uniform U(-0.05, 0.05) (SNLI) "
+                                 "or normal N(0, 1) (SST); reference 3.1")
+        parser.add_argument("--encoder-hidden-dim", type=int, metavar="N",
+                            help="MTSA: hn (split over heads); Bi-LSTM: units per direction; Multi-CNN: filters "
+                                 "per window; Hrchy-CNN: layer width; multi-head: units per head")
+        parser.add_argument("--encoder-heads", type=int, metavar="N", help="attention heads (MTSA: even)")
+        parser.add_argument("--encoder-layers", type=int, metavar="N", help="layers (stacked MTSA, Hrchy-CNN)")
+        parser.add_argument("--encoder-activation", choices=sorted(ACTIVATIONS),
+                            help="the code's activation_func_name: elu (SNLI) or relu (SST, TREC, CR, ...)")
+        parser.add_argument("--token2token", choices=("sigmoid", "exp"),
+                            help="MTSA token2token activation: E_R = sigmoid(R) or exp(R)")
+        parser.add_argument("--dropout", type=float, metavar="P",
+                            help="input dropout of every dense layer (the code's 1 - dense_keep_prob)")
+        parser.add_argument("--attention-dropout", type=float, metavar="P",
+                            help="MTSA attention dropout (1 - attn_keep_prob; applied as keep sqrt(1 - P))")
+        parser.add_argument("--disan-chunk-size", type=int, metavar="N",
+                            help="DiSA query chunk (default: as many queries as fit 2^24 score elements)")
+        parser.add_argument("--classifier-hidden-dim", type=int, metavar="N", help="classifier hidden width (300)")
+        parser.add_argument("--classifier-activation", choices=sorted(ACTIVATIONS),
+                            help="classifier hidden activation (default: --encoder-activation)")
+        parser.add_argument("--classifier-highway", action="store_true",
+                            help="a highway layer after the classifier's hidden layer (MTSA's SNLI model)")
+        parser.add_argument("--classifier-no-output-bias", action="store_true",
+                            help="no bias on the output layer (the SST models)")
+
+    @classmethod
+    def build_model(cls, args: argparse.Namespace, task) -> SentenceEncoderModel:
+        sentence_encoder_base(args)
+        dictionary = task.source_dictionary
+        words = [dictionary[i] for i in range(len(dictionary))]
+        vectors = None
+        if args.embedding_path:
+            vectors = read_vectors(args.embedding_path, set(words[dictionary.nspecial:]), args.embed_dim)
+        embedding = WordEmbedding(words, task.num_train_words, dictionary.nspecial, args.embed_dim, vectors,
+                                  args.oov_init, dictionary.pad())
+        encoder = build_encoder(args)
+        width = encoder.output_dim
+        kind = task.kind
+        inputs = {"single": width, "pair": 4 * width, "relatedness": 2 * width}[kind]
+        outputs = RELATEDNESS_CLASSES if kind == "relatedness" else task.num_classes
+        head = ClassifierHead(inputs, args.classifier_hidden_dim, outputs,
+                              args.classifier_activation or args.encoder_activation, args.dropout,
+                              args.classifier_highway, not args.classifier_no_output_bias)
+        return cls(args, embedding, encoder, head, kind)
+
+    def encode(self, tokens: Tensor) -> Tensor:
+        """Sentence vectors ``[B, output_dim]`` of right- or left-padded ``tokens [B, L]``."""
+        mask = tokens.eq(self.embedding.padding_idx)
+        return self.encoder(self.embedding(tokens), mask if mask.any() else None)
+
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor | None = None, src_tokens1: Tensor | None = None,
+                src_lengths1: Tensor | None = None) -> Tensor:
+        if self.kind == "single":
+            return self.head(self.encode(src_tokens))
+        if src_tokens1 is None:
+            raise ValueError(f"a {self.kind} model needs the second sentence (src_tokens1)")
+        p, h = self.encode(src_tokens), self.encode(src_tokens1)
+        features = [p, h, p - h, p * h] if self.kind == "pair" else [p * h, (p - h).abs()]
+        return self.head(torch.cat(features, dim=-1))
+
+    def regularized_weights(self) -> list[Tensor]:
+        """Weights the code's L2 term covers: every dense/recurrent/convolution weight (>= 2-D), not the
+        embeddings and not biases (reference 3.1 step 5)."""
+        return [p for name, p in self.named_parameters()
+                if p.dim() >= 2 and "bias" not in name.rsplit(".", 1)[-1] and not name.startswith("embedding.")]
+
+    def max_positions(self) -> int | None:
+        return None
+
+
+def sentence_encoder_base(args: argparse.Namespace) -> None:
+    args.encoder = getattr(args, "encoder", None) or "mtsa"
+    args.embed_dim = getattr(args, "embed_dim", None) or 300
+    args.embedding_path = getattr(args, "embedding_path", None)
+    args.oov_init = getattr(args, "oov_init", None) or "uniform"
+    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
+    args.encoder_heads = getattr(args, "encoder_heads", None) or 2
+    args.encoder_layers = getattr(args, "encoder_layers", None) or 1
+    args.encoder_activation = getattr(args, "encoder_activation", None) or "elu"
+    args.token2token = getattr(args, "token2token", None) or "sigmoid"
+    args.dropout = getattr(args, "dropout", None) or 0.0
+    args.attention_dropout = getattr(args, "attention_dropout", None) or 0.0
+    args.disan_chunk_size = getattr(args, "disan_chunk_size", None)
+    args.classifier_hidden_dim = getattr(args, "classifier_hidden_dim", None) or 300
+    args.classifier_activation = getattr(args, "classifier_activation", None)
+    args.classifier_highway = getattr(args, "classifier_highway", False)
+    args.classifier_no_output_bias = getattr(args, "classifier_no_output_bias", False)
+
+
+@register_model_architecture("sentence_encoder", "mtsa_encoder")
+def mtsa_encoder(args: argparse.Namespace) -> None:
+    """MTSA as in the SNLI/SST code (reference 3.1, fact 8): 2 heads x 300, E_R = sigmoid(q.k / sqrt(300))
+    with strict forward/backward masks, E_S = exp of a 2-layer source2token on v, fusion gate, pooling."""
+    args.encoder = "mtsa"
+    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
+    args.encoder_heads = getattr(args, "encoder_heads", None) or 2
+    args.token2token = getattr(args, "token2token", None) or "sigmoid"
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "fast_disa_encoder")
+def fast_disa_encoder(args: argparse.Namespace) -> None:
+    """Fast-DiSA: its released ``fast_directional_self_attention`` is line for line the MTSA API (reference
+    5), so this is the same model with that function's defaults: 2 heads, E_R = exp(q.k / sqrt(d)) with
+    strict forward/backward masks, relu, fusion gate."""
+    args.encoder = "mtsa"
+    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
+    args.encoder_heads = getattr(args, "encoder_heads", None) or 2
+    args.token2token = getattr(args, "token2token", None) or "exp"
+    args.encoder_activation = getattr(args, "encoder_activation", None) or "relu"
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "disan_encoder")
+def disan_encoder(args: argparse.Namespace) -> None:
+    """DiSAN (reference 4): forward and backward DiSA blocks of the embedding width, pooled to 600."""
+    args.encoder = "disan"
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "disan_undirected_encoder")
+def disan_undirected_encoder(args: argparse.Namespace) -> None:
+    """The papers' "DiSAN without directions": both DiSA blocks use the ``i != j`` mask."""
+    args.encoder = "disan_undirected"
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "stacked_mtsa_encoder")
+def stacked_mtsa_encoder(args: argparse.Namespace) -> None:
+    """``stacking_mtsa`` (reference 2.5) over the embeddings, pooled: 10 layers; 10 heads of 30 (the API's
+    8 heads do not divide 300)."""
+    args.encoder = "stacked_mtsa"
+    args.encoder_heads = getattr(args, "encoder_heads", None) or 10
+    args.encoder_layers = getattr(args, "encoder_layers", None) or 10
+    args.token2token = getattr(args, "token2token", None) or "exp"
+    args.encoder_activation = getattr(args, "encoder_activation", None) or "relu"
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "bilstm_encoder")
+def bilstm_encoder(args: argparse.Namespace) -> None:
+    """Bi-LSTM baseline, 600D (300 per direction), pooled."""
+    args.encoder = "bilstm"
+    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 300
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "multi_cnn_encoder")
+def multi_cnn_encoder(args: argparse.Namespace) -> None:
+    """Multi-window CNN baseline: windows 3/4/5, 200 filters each (600D), pooled."""
+    args.encoder = "multi_cnn"
+    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 200
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "hrchy_cnn_encoder")
+def hrchy_cnn_encoder(args: argparse.Namespace) -> None:
+    """Hierarchical CNN baseline: 3 gated residual convolution layers of 300, pooled."""
+    args.encoder = "hrchy_cnn"
+    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 300
+    args.encoder_layers = getattr(args, "encoder_layers", None) or 3
+    sentence_encoder_base(args)
+
+
+@register_model_architecture("sentence_encoder", "multi_head_encoder")
+def multi_head_encoder(args: argparse.Namespace) -> None:
+    """Multi-head attention baseline: 8 heads x 75 (600D) with sinusoidal positions, pooled."""
+    args.encoder = "multi_head"
+    args.encoder_heads = getattr(args, "encoder_heads", None) or 8
+    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 75
+    sentence_encoder_base(args)

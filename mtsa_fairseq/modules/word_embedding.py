@@ -1,0 +1,106 @@
+"""Word embeddings with the sentence-encoder code's rules (reference 3.1).
+
+The vocabulary is a fairseq ``Dictionary`` laid out by ``scripts/prepare_sentence_data.py``: its special
+symbols first (``<s>``, ``<pad>``, ``</s>``, ``<unk>``), then the ``num_train_words`` words of the training
+split, then the words that occur only in the other splits. The authors' embedding matrix is:
+
+* special rows (pad, unk, ...): constant zeros;
+* training words: a **trainable** matrix, initialised from the pretrained vectors where the word has
+  one, otherwise U(-0.05, 0.05) (SNLI) or N(0, 1) (SST) - the task's ``oov_init``;
+* words seen only outside training: **constant** pretrained vectors, or zeros (= ``<unk>``) without one.
+
+Without a vectors file every training word is out of vocabulary, which is the random-init setting.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
+OOV_INITS = ("uniform", "normal")
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8", errors="replace") if path.suffix == ".gz" else \
+        path.open(encoding="utf-8", errors="replace")
+
+
+def read_vectors(path: str | Path, words: set[str], dim: int) -> dict[str, Tensor]:
+    """Vectors of ``words`` from a GloVe or word2vec text file (word2vec's ``count dim`` header is skipped).
+
+    Lines of another width than ``dim`` raise ``ValueError`` naming the line; the first occurrence of a
+    word wins. Only the requested words are kept, so a 6B-token GloVe file needs little memory.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"embedding file not found: {path}")
+    found: dict[str, Tensor] = {}
+    with _open_text(path) as lines:
+        for number, line in enumerate(lines, 1):
+            parts = line.rstrip("\n").rstrip(" ").split(" ")
+            if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
+                continue  # word2vec text header
+            if len(parts) != dim + 1:
+                raise ValueError(f"{path}:{number}: expected a word and {dim} numbers, got {len(parts) - 1} fields")
+            if parts[0] in words and parts[0] not in found:
+                found[parts[0]] = torch.tensor([float(v) for v in parts[1:]])
+    return found
+
+
+def _spans(num_embeddings: int, first_word: int, num_train_words: int) -> Iterator[tuple[int, int]]:
+    yield 0, first_word
+    yield first_word, first_word + num_train_words
+    yield first_word + num_train_words, num_embeddings
+
+
+class WordEmbedding(nn.Module):
+    """``[num_embeddings, dim]`` embedding whose rows ``[first_word, first_word + num_train_words)`` are
+    trainable and all others constant buffers (saved in checkpoints).
+
+    Args:
+        words: the dictionary's symbols in index order.
+        num_train_words: training-vocabulary size (rows after the specials).
+        first_word: index of the first training word (fairseq's ``Dictionary.nspecial``, 4).
+        dim: embedding width. vectors: optional pretrained ``word -> [dim]`` map (:func:`read_vectors`).
+        oov_init: ``"uniform"`` U(-0.05, 0.05) or ``"normal"`` N(0, 1) for training words without a vector.
+        padding_idx: the pad row (kept zero; listed for fairseq's utilities).
+    """
+
+    def __init__(self, words: list[str], num_train_words: int, first_word: int, dim: int,
+                 vectors: dict[str, Tensor] | None = None, oov_init: str = "uniform", padding_idx: int = 1):
+        super().__init__()
+        if oov_init not in OOV_INITS:
+            raise ValueError(f"oov_init must be one of {OOV_INITS}, got {oov_init!r}")
+        if first_word + num_train_words > len(words):
+            raise ValueError(f"{num_train_words} training words after {first_word} specials do not fit a "
+                             f"dictionary of {len(words)} symbols")
+        self.padding_idx, self.embedding_dim = padding_idx, dim
+        vectors = vectors or {}
+        head, train, tail = (torch.zeros(b - a, dim) for a, b in _spans(len(words), first_word, num_train_words))
+        if oov_init == "uniform":
+            nn.init.uniform_(train, -0.05, 0.05)
+        else:
+            nn.init.normal_(train)
+        for row, (a, b) in zip((train, tail), list(_spans(len(words), first_word, num_train_words))[1:]):
+            for offset, word in enumerate(words[a:b]):
+                if word in vectors:
+                    row[offset] = vectors[word]
+        self.num_pretrained = sum(w in vectors for w in words[first_word:])
+        self.register_buffer("head", head)
+        self.trainable = nn.Parameter(train)
+        self.register_buffer("tail", tail)
+
+    @property
+    def weight(self) -> Tensor:
+        """The full ``[num_embeddings, dim]`` matrix."""
+        return torch.cat([self.head, self.trainable, self.tail])
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return F.embedding(tokens, self.weight, self.padding_idx)

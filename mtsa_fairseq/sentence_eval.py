@@ -1,0 +1,93 @@
+"""Evaluate a trained sentence encoder on one split: accuracy, or Pearson r / Spearman rho / MSE (SICK).
+
+The model, task options (including ``--cv-fold``) and data directory come from the checkpoint; the data
+directory and fold can be overridden. Results are one JSON object with the per-example predictions, so
+runs can be compared with the project's significance tools.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from .criterions.sentence_encoding import expected_score
+
+RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
+
+
+class EvaluationError(ValueError):
+    """A checkpoint, data directory or split that cannot be evaluated; the message says why."""
+
+
+def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any, Any, Any]:
+    from fairseq import checkpoint_utils
+
+    if not checkpoint.is_file():
+        raise EvaluationError(f"checkpoint not found: {checkpoint}")
+    overrides: dict[str, Any] = {}
+    if data is not None:
+        overrides["data"] = str(data)
+    if cv_fold is not None:
+        overrides["cv_fold"] = cv_fold
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides)
+    if getattr(cfg.task, "_name", None) != "sentence_encoding" and not hasattr(task, "kind"):
+        raise EvaluationError(f"{checkpoint} is not a sentence_encoding checkpoint")
+    return models[0], cfg, task
+
+
+@torch.no_grad()
+def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | None = None, cv_fold: int | None = None,
+             batch_size: int = 128, use_cuda: bool = False) -> dict[str, Any]:
+    """Predictions and metrics of ``checkpoint`` on ``split`` (for cross-validation data: the held-out fold)."""
+    model, cfg, task = _load(Path(checkpoint), Path(data) if data else None, cv_fold)
+    model.eval()
+    if use_cuda:
+        model.cuda()
+    try:
+        task.load_dataset(split)
+    except FileNotFoundError as exc:
+        raise EvaluationError(str(exc)) from exc
+    dataset = task.dataset(split)
+    iterator = task.get_batch_iterator(dataset, max_sentences=batch_size, ignore_invalid_inputs=False,
+                                       seed=1).next_epoch_itr(shuffle=False)
+    predictions: list[Any] = [None] * len(dataset)
+    gold: list[Any] = [None] * len(dataset)
+    for sample in iterator:
+        if use_cuda:
+            sample = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in sample.items()}
+            sample["net_input"] = {k: v.cuda() for k, v in sample["net_input"].items()}
+        logits = model(**sample["net_input"]).float()
+        values = expected_score(logits) if task.kind == "relatedness" else logits.argmax(dim=-1)
+        for index, value, target in zip(sample["id"].tolist(), values.tolist(), sample["target"].tolist()):
+            predictions[index], gold[index] = value, target
+    metrics: dict[str, float]
+    if task.kind == "relatedness":
+        pred, ref = np.asarray(predictions, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+        metrics = {"pearson": float(stats.pearsonr(pred, ref)[0]), "spearman": float(stats.spearmanr(pred, ref)[0]),
+                   "mse": float(np.mean((pred - ref) ** 2))}
+    else:
+        metrics = {"accuracy": 100.0 * float(np.mean(np.asarray(predictions) == np.asarray(gold)))}
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    params = sum(p.numel() for p in model.parameters())
+    return {
+        "schema": RESULT_SCHEMA,
+        "checkpoint": str(Path(checkpoint).resolve()),
+        "data": str(Path(task.args.data).resolve()),
+        "dataset": task.manifest.get("dataset"),
+        "kind": task.kind,
+        "split": split,
+        "cv_fold": getattr(task.args, "cv_fold", None),
+        "arch": cfg.model.arch,
+        "seed": cfg.common.seed,
+        "num_updates": int(state.get("optimizer_history", [{}])[-1].get("num_updates", 0)),
+        "num_examples": len(dataset),
+        "num_params": params,
+        "num_params_without_embeddings": params - model.embedding.trainable.numel(),
+        "metrics": metrics,
+        "predictions": predictions,
+        "references": gold,
+    }

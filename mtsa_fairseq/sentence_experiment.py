@@ -1,0 +1,227 @@
+"""Sentence-encoder experiments: several architectures x seeds (x cross-validation folds) on one task.
+
+A task config (``configs/sentence/<task>.yaml``) holds the authors' training protocol as fairseq-train
+options, with optional per-architecture overrides::
+
+    name: sst5                 # file stem
+    dataset: sst5              # must equal the prepared data's manifest
+    metric: accuracy           # accuracy | pearson: what the report compares
+    description: ...
+    fairseq: {task: sentence_encoding, criterion: sentence_encoding, optimizer: adadelta, ...}
+    arch_overrides: {disan_encoder: {batch-size: 64}}
+
+Each run is ``fairseq-train`` in ``OUT/runs/<arch>/seed<k>[/fold<f>]`` followed by an evaluation of its
+``checkpoint_best.pt`` (selected on dev; for cross-validation on the held-out fold, the papers' protocol)
+into ``OUT/results/<arch>_seed<k>[_fold<f>].json``. Finished runs (result file present) are skipped and
+interrupted ones resume from ``checkpoint_last.pt``. The report gives each architecture's mean and standard
+deviation over seeds (for CV: per seed, the mean over folds) and Welch's t-test of the reference architecture
+against each other one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .launch import LaunchError, find_executable
+from .significance import SignificanceError, t_test
+from .train_config import USER_DIR, options_to_args
+
+CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
+METRICS = ("accuracy", "pearson")
+# set per run by the driver
+RUN_OPTIONS = ("arch", "seed", "save-dir", "cv-fold", "user-dir", "task")
+_WPS = re.compile(r"\| train_inner \|.*?wps=([0-9.]+)")
+
+
+class ExperimentError(ValueError):
+    """A config, data directory or option that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    path: Path
+    name: str
+    dataset: str
+    metric: str
+    fairseq: dict[str, Any]
+    arch_overrides: dict[str, dict[str, Any]]
+
+    def options(self, arch: str) -> dict[str, Any]:
+        """The fairseq-train options of ``arch`` (the config's, then its overrides)."""
+        return {**self.fairseq, **self.arch_overrides.get(arch, {})}
+
+
+def load_task_config(path: str | Path) -> TaskConfig:
+    """Read and check a task config; ``ExperimentError`` names the first problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ExperimentError(f"config not found: {path}")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ExperimentError(f"{path}: a config must be a YAML mapping")
+    missing = [k for k in CONFIG_KEYS if k not in raw]
+    unknown = [k for k in raw if k not in (*CONFIG_KEYS, "arch_overrides")]
+    if missing or unknown:
+        raise ExperimentError(f"{path}: missing keys {missing}, unknown keys {unknown}")
+    if raw["name"] != path.stem:
+        raise ExperimentError(f"{path}: name {raw['name']!r} must equal the file name {path.stem!r}")
+    if raw["metric"] not in METRICS:
+        raise ExperimentError(f"{path}: metric must be one of {METRICS}, got {raw['metric']!r}")
+    overrides = raw.get("arch_overrides") or {}
+    sections = [("fairseq", raw["fairseq"])] + [(f"arch_overrides.{a}", o) for a, o in overrides.items()]
+    for where, section in sections:
+        if not isinstance(section, dict):
+            raise ExperimentError(f"{path}: {where} must be a mapping of fairseq-train options")
+        fixed = [k for k in section if k in RUN_OPTIONS and not (k == "task" and section[k] == "sentence_encoding")]
+        if fixed:
+            raise ExperimentError(f"{path}: {where} sets {fixed}, which the experiment sets per run")
+    if not isinstance(raw["fairseq"].get("max-update"), int):
+        raise ExperimentError(f"{path}: fairseq.max-update (an integer) is required")
+    return TaskConfig(path, raw["name"], raw["dataset"], raw["metric"], dict(raw["fairseq"]), dict(overrides))
+
+
+@dataclass(frozen=True)
+class Run:
+    arch: str
+    seed: int
+    fold: int | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.arch}_seed{self.seed}" + ("" if self.fold is None else f"_fold{self.fold}")
+
+    def run_dir(self, out: Path) -> Path:
+        path = out / "runs" / self.arch / f"seed{self.seed}"
+        return path if self.fold is None else path / f"fold{self.fold}"
+
+    def result_path(self, out: Path) -> Path:
+        return out / "results" / f"{self.key}.json"
+
+
+def plan_runs(archs: list[str], seeds: list[int], folds: list[int] | None) -> list[Run]:
+    """Every (arch, seed, fold) combination, seeds outermost so that early stops leave whole seeds."""
+    return [Run(a, s, f) for s in seeds for a in archs for f in (folds if folds else [None])]
+
+
+def train_command(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None,
+                  extra: list[str]) -> list[str]:
+    """The run's fairseq-train command line."""
+    options = config.options(run.arch)
+    if max_update is not None:
+        options["max-update"] = max_update
+    options.pop("task", None)
+    command = [find_executable("fairseq-train"), str(data), "--user-dir", USER_DIR, "--task", "sentence_encoding",
+               "--arch", run.arch, "--seed", str(run.seed), "--save-dir", str(run.run_dir(out))]
+    if run.fold is not None:
+        command += ["--cv-fold", str(run.fold)]
+    return command + options_to_args(options) + extra
+
+
+def _execute(command: list[str], log_path: Path, threads: int | None) -> tuple[int, float]:
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"$ {shlex.join(command)}\n")
+        log.flush()
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    return code, time.time() - start
+
+
+def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
+            threads: int | None, cpu: bool, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) one run and evaluate its best checkpoint; returns (and writes) the result."""
+    from .sentence_eval import evaluate
+
+    result_path = run.result_path(out)
+    if result_path.is_file():
+        return json.loads(result_path.read_text(encoding="utf-8"))
+    run_dir = run.run_dir(out)
+    try:
+        command = train_command(config, run, data, out, max_update, extra + (["--cpu"] if cpu else []))
+    except LaunchError as exc:
+        raise ExperimentError(str(exc)) from exc
+    log(f"[experiment] {run.key}: training -> {run_dir}")
+    code, seconds = _execute(command, run_dir / "train.log", threads)
+    if code != 0:
+        raise ExperimentError(f"{run.key}: fairseq-train failed with exit code {code} (see {run_dir / 'train.log'})")
+    best = run_dir / "checkpoint_best.pt"
+    if not best.is_file():
+        raise ExperimentError(f"{run.key}: no {best} (did validation run? check validate-interval-updates)")
+    split = "valid" if run.fold is not None else "test"
+    result = evaluate(best, split, data, run.fold)
+    wps = [float(v) for v in _WPS.findall((run_dir / "train.log").read_text(encoding="utf-8"))]
+    result.update(experiment=config.name, run=run.key, fold=run.fold, train_seconds_this_session=round(seconds, 1),
+                  train_words_per_second=round(float(np.mean(wps)), 1) if wps else None)
+    result_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(result_path)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
+    log(f"[experiment] {run.key}: {split} {shown}")
+    return result
+
+
+def summarize(config: TaskConfig, results: list[dict[str, Any]], reference: str) -> dict[str, Any]:
+    """Per architecture: the metric per seed (CV: mean over folds), mean, standard deviation; and
+    Welch's t-test of ``reference`` (as the system) against each other architecture (as the baseline)."""
+    per_seed: dict[str, dict[int, list[float]]] = {}
+    for result in results:
+        value = result["metrics"][config.metric]
+        per_seed.setdefault(result["arch"], {}).setdefault(result["seed"], []).append(value)
+    archs: dict[str, Any] = {}
+    for arch, seeds in per_seed.items():
+        values = [float(np.mean(v)) for _, v in sorted(seeds.items())]
+        archs[arch] = {"seeds": sorted(seeds), "values": values, "mean": float(np.mean(values)),
+                       "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+                       "folds_per_seed": [len(v) for _, v in sorted(seeds.items())]}
+    tests: dict[str, Any] = {}
+    if reference in archs:
+        for arch in archs:
+            if arch == reference:
+                continue
+            try:
+                stats = t_test(archs[arch]["values"], archs[reference]["values"])
+            except SignificanceError as exc:
+                tests[arch] = {"error": str(exc)}
+                continue
+            tests[arch] = {"t": stats.t, "df": stats.df, "p_two_sided": stats.p_two_sided,
+                           "p_greater": stats.p_greater, "difference": stats.mean_system - stats.mean_baseline}
+    return {"experiment": config.name, "dataset": config.dataset, "metric": config.metric, "reference": reference,
+            "archs": archs, "welch_vs_reference": tests}
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    """The summary as a Markdown table."""
+    metric, ref = summary["metric"], summary["reference"]
+    f = ".2f" if metric == "accuracy" else ".4f"
+    lines = [f"### {summary['experiment']}: test {metric} (mean ± sd over seeds; Welch's t-test of {ref} vs each)",
+             "", f"| architecture | seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | p (two-sided) | "
+             f"p ({ref} > it) |", "|---|---|---|---|---|---|---|---|---|"]
+    for arch, row in summary["archs"].items():
+        sd = "" if row["std"] is None else f" ± {row['std']:{f}}"
+        values = ", ".join(f"{v:{f}}" for v in row["values"])
+        test = summary["welch_vs_reference"].get(arch)
+        if test is None:
+            cells = "— | — | — | — | —"
+        elif "error" in test:
+            cells = f"{test['error']} | | | |"
+        else:
+            cells = (f"{test['difference']:+{f}} | {test['t']:.2f} | {test['df']:.1f} | {test['p_two_sided']:.3f} | "
+                     f"{test['p_greater']:.3f}")
+        lines.append(f"| {arch} | {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | {cells} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""fairseq tasks of the plugin."""

@@ -1,0 +1,170 @@
+"""The ``sentence_encoding`` task: classification, sentence pairs by separate encoding, and relatedness.
+
+Reads a directory written by ``scripts/prepare_sentence_data.py`` (``manifest.json``, ``dict.txt``,
+``{split}.input0/1`` binaries, ``{split}.label``). The manifest's ``kind`` decides what a sample holds:
+
+* ``single`` (SST-5, SST-2, TREC, CR, MPQA, SUBJ): one sentence and a class;
+* ``pair`` (SNLI, MultiNLI): premise and hypothesis, each encoded on its own (fairseq's
+  ``sentence_prediction`` concatenates the pair into one input, which is not the papers' protocol);
+* ``relatedness`` (SICK): two sentences and a 1-5 score.
+
+Cross-validation data (CR, MPQA, SUBJ: one ``train`` split and ``train.fold``) needs ``--cv-fold K``: the
+``train`` subset is every fold but K and ``valid``/``test`` are fold K, the papers' 10-fold protocol.
+Batches hold sentences of similar length, reshuffled every epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from fairseq.data import Dictionary, FairseqDataset, data_utils
+from fairseq.tasks import LegacyFairseqTask, register_task
+
+from ..sentence_data import SENTENCE_DATA_SCHEMA
+
+KINDS = ("single", "pair", "relatedness")
+
+
+def read_manifest(data: str | Path) -> dict[str, Any]:
+    """The prepared directory's manifest; ``ValueError`` naming the problem otherwise."""
+    path = Path(data) / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"{data} has no manifest.json (prepare it with scripts/prepare_sentence_data.py)")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("schema") != SENTENCE_DATA_SCHEMA:
+        raise ValueError(f"{path} has schema {manifest.get('schema')!r}, expected {SENTENCE_DATA_SCHEMA!r}")
+    if manifest.get("kind") not in KINDS:
+        raise ValueError(f"{path}: kind must be one of {KINDS}, got {manifest.get('kind')!r}")
+    return manifest
+
+
+class SentenceExampleDataset(FairseqDataset):
+    """Examples ``rows`` of one or two token datasets with their labels (class ids or scores)."""
+
+    def __init__(self, inputs: list[Any], labels: torch.Tensor, rows: np.ndarray, pad: int, shuffle: bool):
+        self.inputs, self.labels, self.rows, self.pad, self.shuffle = inputs, labels, rows, pad, shuffle
+        self.sizes = np.max([np.asarray(side.sizes)[rows] for side in inputs], axis=0).astype(np.int64)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = int(self.rows[index])
+        return {"id": index, "inputs": [side[row] for side in self.inputs], "label": self.labels[row]}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def collater(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        if not samples:
+            return {}
+        net_input: dict[str, torch.Tensor] = {}
+        ntokens = 0
+        for side in range(len(self.inputs)):
+            tokens = [s["inputs"][side] for s in samples]
+            suffix = "" if side == 0 else str(side)
+            net_input[f"src_tokens{suffix}"] = data_utils.collate_tokens(tokens, self.pad, left_pad=False)
+            net_input[f"src_lengths{suffix}"] = torch.tensor([t.numel() for t in tokens])
+            ntokens += sum(t.numel() for t in tokens)
+        return {
+            "id": torch.tensor([s["id"] for s in samples]),
+            "nsentences": len(samples),
+            "ntokens": ntokens,
+            "net_input": net_input,
+            "target": torch.stack([s["label"] for s in samples]),
+        }
+
+    def num_tokens(self, index: int) -> int:
+        return int(self.sizes[index])
+
+    def size(self, index: int) -> int:
+        return int(self.sizes[index])
+
+    def ordered_indices(self) -> np.ndarray:
+        """Shuffled (with fairseq's per-epoch seed) when training, then stably sorted by length."""
+        order = np.random.permutation(len(self)) if self.shuffle else np.arange(len(self))
+        return order[np.argsort(self.sizes[order], kind="mergesort")]
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self) -> bool:
+        return not self.shuffle  # new batches every epoch when shuffling
+
+    @property
+    def supports_prefetch(self) -> bool:
+        return False
+
+
+@register_task("sentence_encoding")
+class SentenceEncodingTask(LegacyFairseqTask):
+    """Sentence classification / pair classification / relatedness over a prepared directory."""
+
+    @staticmethod
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("data", help="directory written by scripts/prepare_sentence_data.py")
+        parser.add_argument("--cv-fold", type=int, metavar="K",
+                            help="cross-validation data: hold out fold K as valid/test, train on the others")
+
+    def __init__(self, args: argparse.Namespace, dictionary: Dictionary, manifest: dict[str, Any]):
+        super().__init__(args)
+        self.dictionary, self.manifest = dictionary, manifest
+        self.kind: str = manifest["kind"]
+        self.num_classes: int = len(manifest["labels"])
+        self.num_train_words: int = int(manifest["num_train_words"])
+        folds = int(manifest.get("num_folds") or 0)
+        fold = getattr(args, "cv_fold", None)
+        if folds and fold is None:
+            raise ValueError(f"{args.data} is {folds}-fold cross-validation data: pass --cv-fold K (0..{folds - 1})")
+        if fold is not None and not 0 <= fold < max(folds, 1):
+            raise ValueError(f"--cv-fold {fold} is out of range for {args.data} "
+                             f"({'no folds' if not folds else f'folds 0..{folds - 1}'})")
+
+    @classmethod
+    def setup_task(cls, args: argparse.Namespace, **kwargs: Any) -> SentenceEncodingTask:
+        manifest = read_manifest(args.data)
+        return cls(args, Dictionary.load(str(Path(args.data) / "dict.txt")), manifest)
+
+    def _labels(self, split: str) -> torch.Tensor:
+        lines = (Path(self.args.data) / f"{split}.label").read_text(encoding="utf-8").split("\n")
+        lines = [line for line in lines if line.strip()]
+        if self.kind == "relatedness":
+            return torch.tensor([float(v) for v in lines], dtype=torch.float32)
+        return torch.tensor([int(v) for v in lines], dtype=torch.long)
+
+    def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs: Any) -> None:
+        folds = int(self.manifest.get("num_folds") or 0)
+        source = "train" if folds else split
+        if source not in self.manifest["splits"]:
+            have = sorted(self.manifest["splits"])
+            raise FileNotFoundError(f"{self.args.data} has no '{split}' split (it has {have})")
+        sides = 1 if self.kind == "single" else 2
+        inputs = []
+        for side in range(sides):
+            prefix = str(Path(self.args.data) / f"{source}.input{side}")
+            dataset = data_utils.load_indexed_dataset(prefix, self.dictionary, "mmap")
+            if dataset is None:
+                raise FileNotFoundError(f"missing binary {prefix}.bin/.idx")
+            inputs.append(dataset)
+        labels = self._labels(source)
+        if any(len(side) != len(labels) for side in inputs):
+            raise ValueError(f"{self.args.data}: '{source}' has {[len(s) for s in inputs]} sentences but "
+                             f"{len(labels)} labels")
+        rows = np.arange(len(labels))
+        if folds:
+            fold_of = np.loadtxt(Path(self.args.data) / "train.fold", dtype=np.int64, ndmin=1)
+            held_out = fold_of == self.args.cv_fold
+            rows = rows[~held_out] if split == "train" else rows[held_out]
+        self.datasets[split] = SentenceExampleDataset(inputs, labels, rows, self.dictionary.pad(),
+                                                      shuffle=split == "train")
+
+    @property
+    def source_dictionary(self) -> Dictionary:
+        return self.dictionary
+
+    @property
+    def target_dictionary(self) -> Dictionary:
+        return self.dictionary
+
+    def max_positions(self) -> None:
+        return None

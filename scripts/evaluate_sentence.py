@@ -1,0 +1,48 @@
+#!/usr/bin/env python
+"""Evaluate a sentence-encoder checkpoint (fairseq-train --task sentence_encoding) on one split.
+
+  python scripts/evaluate_sentence.py --checkpoint runs/sst5/checkpoint_best.pt --split test --out sst5-test.json
+
+Prints accuracy (classification) or Pearson r, Spearman rho and MSE (SICK) and writes a JSON result with the
+per-example predictions. For cross-validation data the checkpoint's --cv-fold is evaluated (the held-out fold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mtsa_fairseq.sentence_eval import EvaluationError, evaluate  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint to evaluate")
+    parser.add_argument("--split", default="test", help="split to evaluate (default: test; CV data: the held-out fold)")
+    parser.add_argument("--data", type=Path, help="prepared data directory (default: the checkpoint's)")
+    parser.add_argument("--cv-fold", type=int, help="held-out fold (default: the checkpoint's)")
+    parser.add_argument("--batch-size", type=int, default=128, help="sentences per batch (default: 128)")
+    parser.add_argument("--cuda", action="store_true", help="evaluate on the GPU")
+    parser.add_argument("--out", type=Path, help="write the result JSON here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    args = parser.parse_args()
+    if args.out and args.out.exists() and not args.overwrite:
+        parser.error(f"{args.out} exists (pass --overwrite to replace it)")
+    try:
+        result = evaluate(args.checkpoint, args.split, args.data, args.cv_fold, args.batch_size, args.cuda)
+    except (EvaluationError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
+    print(f"{result['dataset']} {result['split']} ({result['num_examples']} examples, {result['arch']}, "
+          f"{result['num_updates']} updates): {shown}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

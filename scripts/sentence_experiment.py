@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Train and evaluate sentence encoders on one task: architectures x seeds (x folds), then mean ± sd and
+Welch's t-test of the reference architecture (default: the first) against each other one.
+
+  python scripts/sentence_experiment.py --config configs/sentence/trec.yaml --data data/trec \\
+      --archs mtsa_encoder disan_encoder fast_disa_encoder multi_head_encoder bilstm_encoder \\
+      --seeds 1 2 3 --out runs/trec --cpu --max-update 3000
+
+Cross-validation data (CR, MPQA, SUBJ) runs every fold unless --folds is given. Rerunning the command skips
+finished runs, resumes interrupted ones and rewrites OUT/report.md and OUT/report.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mtsa_fairseq.sentence_experiment import (  # noqa: E402
+    ExperimentError,
+    load_task_config,
+    plan_runs,
+    report_markdown,
+    run_one,
+    summarize,
+)
+from mtsa_fairseq.tasks.sentence_encoding import read_manifest  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, required=True, help="task config (configs/sentence/<task>.yaml)")
+    parser.add_argument("--data", type=Path, required=True, help="directory from scripts/prepare_sentence_data.py")
+    parser.add_argument("--archs", nargs="+", required=True, help="architectures (e.g. mtsa_encoder disan_encoder)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per architecture")
+    parser.add_argument("--folds", type=int, nargs="+", help="CV data: folds to run (default: all)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (runs/, results/, report.*)")
+    parser.add_argument("--reference", help="architecture tested against the others (default: the first)")
+    parser.add_argument("--max-update", type=int, help="update budget per run (default: the config's)")
+    parser.add_argument("--cpu", action="store_true", help="train on CPU")
+    parser.add_argument("--threads", type=int, help="OMP/MKL threads per training process")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
+    parser.add_argument("--extra-args", default="",
+                        help='more fairseq-train options, e.g. "--embedding-path glove.6B.300d.txt"')
+    args = parser.parse_args()
+
+    try:
+        config = load_task_config(args.config)
+        manifest = read_manifest(args.data)
+    except (ExperimentError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    if manifest["dataset"] != config.dataset:
+        sys.exit(f"error: {args.data} holds {manifest['dataset']!r} but {args.config} is for {config.dataset!r}")
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import mtsa_fairseq  # noqa: F401  (registers the architectures)
+
+    unknown = [a for a in args.archs if ARCH_MODEL_REGISTRY.get(a) is None or
+               ARCH_MODEL_REGISTRY[a].__name__ != "SentenceEncoderModel"]
+    if unknown:
+        sys.exit(f"error: not sentence-encoder architectures: {unknown}")
+    if len(set(args.archs)) != len(args.archs) or len(set(args.seeds)) != len(args.seeds):
+        sys.exit("error: --archs and --seeds must not repeat")
+    num_folds = int(manifest.get("num_folds") or 0)
+    folds = args.folds if args.folds is not None else (list(range(num_folds)) if num_folds else None)
+    if folds and not num_folds:
+        sys.exit(f"error: {args.data} is not cross-validation data; drop --folds")
+    if folds and any(not 0 <= f < num_folds for f in folds):
+        sys.exit(f"error: --folds must be in 0..{num_folds - 1}")
+    if args.max_update is not None and args.max_update <= 0:
+        sys.exit("error: --max-update must be positive")
+
+    out = args.out.resolve()
+    data = args.data.resolve()
+    runs = plan_runs(args.archs, args.seeds, folds)
+    extra = shlex.split(args.extra_args)
+
+    def one(run):
+        return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu)
+
+    try:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            results = list(pool.map(one, runs))
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
+    summary = summarize(config, results, args.reference or args.archs[0])
+    summary["runs"] = [{"run": r["run"], "arch": r["arch"], "seed": r["seed"], "fold": r["fold"],
+                        "metrics": r["metrics"], "num_updates": r["num_updates"],
+                        "num_params_without_embeddings": r["num_params_without_embeddings"],
+                        "train_words_per_second": r["train_words_per_second"]} for r in results]
+    (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "report.md").write_text(report_markdown(summary))
+    print(report_markdown(summary))
+
+
+if __name__ == "__main__":
+    main()

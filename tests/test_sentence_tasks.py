@@ -1,0 +1,235 @@
+"""End to end: release-format files -> prepare_sentence_data.py -> fairseq-train --task sentence_encoding ->
+evaluate_sentence.py / sentence_experiment.py, for every task kind, on small synthetic files (and on real slices
+from ../shared/data when it exists)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtsa_fairseq.sentence_experiment import ExperimentError, load_task_config
+from mtsa_fairseq.train_config import options_to_args, parse_fairseq_train
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+BIN = Path(sys.executable).parent
+CONFIGS = sorted((ROOT / "configs" / "sentence").glob("*.yaml"))
+TINY = ["--embed-dim", "16", "--encoder-hidden-dim", "8", "--classifier-hidden-dim", "8", "--cpu", "--num-workers", "0",
+        "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "10", "--disable-validation"]
+COARSE = {"ABBR": "abbreviation", "DESC": "how", "ENTY": "what", "HUM": "who", "LOC": "where", "NUM": "when"}
+FILLER = "the a river city dog music old red long first book tree house".split()
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*args], capture_output=True, text=True, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args[:3]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def prepare(dataset: str, raw: Path, out: Path, *extra: str) -> Path:
+    run(sys.executable, str(ROOT / "scripts/prepare_sentence_data.py"), dataset, "--input", str(raw), "--out",
+        str(out), *extra)
+    return out
+
+
+def train(data: Path, save: Path, arch: str, *extra: str, updates: int = 20, validate: int | None = None) -> Path:
+    args = [str(BIN / "fairseq-train"), str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task",
+            "sentence_encoding", "--arch", arch, "--criterion", "sentence_encoding", "--optimizer", "adam",
+            "--lr", "0.005", "--batch-size", "16", "--max-update", str(updates), "--save-dir", str(save), *TINY]
+    if validate:
+        args.remove("--disable-validation")
+        args += ["--validate-interval-updates", str(validate), "--save-interval-updates", str(validate)]
+    run(*args, *extra)
+    return save
+
+
+def evaluate(checkpoint: Path, out: Path, *extra: str) -> dict:
+    run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint", str(checkpoint), "--out",
+        str(out), *extra)
+    return json.loads(out.read_text())
+
+
+# ---------------------------------------------------------------------------------------------- raw files
+
+
+def trec_lines(n: int, rng: random.Random) -> list[str]:
+    """TREC-format questions whose coarse class is given away by the first word."""
+    lines = []
+    for _ in range(n):
+        coarse = rng.choice(sorted(COARSE))
+        words = [COARSE[coarse]] + rng.sample(FILLER, rng.randint(2, 6)) + ["?"]
+        lines.append(f"{coarse}:other {' '.join(words)}")
+    return lines
+
+
+@pytest.fixture(scope="module")
+def trec_data(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("trec_raw")
+    rng = random.Random(0)
+    (raw / "train_5500.label").write_text("\n".join(trec_lines(400, rng)) + "\n", encoding="latin-1")
+    (raw / "TREC_10.label").write_text("\n".join(trec_lines(60, rng)) + "\n", encoding="latin-1")
+    return prepare("trec", raw, tmp_path_factory.mktemp("trec") / "data")
+
+
+def write_snli(path: Path, n: int, rng: random.Random) -> None:
+    labels = ["entailment", "neutral", "contradiction", "-"]
+    with path.open("w") as f:
+        for _ in range(n):
+            p, h = rng.sample(FILLER, 4), rng.sample(FILLER, 3)
+            f.write(json.dumps({"gold_label": rng.choice(labels),
+                                "sentence1_binary_parse": "( ( " + " ".join(p[:2]) + " ) ( " + " ".join(p[2:]) + " ) )",
+                                "sentence2_binary_parse": "( " + " ".join(h) + " )"}) + "\n")
+
+
+def write_sick(path: Path, n: int, rng: random.Random, start: int) -> None:
+    rows = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+    for i in range(n):
+        rows.append(f"{start + i}\t{' '.join(rng.sample(FILLER, 5))}\t{' '.join(rng.sample(FILLER, 4))}\t"
+                    f"{rng.uniform(1, 5):.1f}\tNEUTRAL")
+    path.write_text("\n".join(rows) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- tasks
+
+
+def test_single_sentence_classification_learns_and_evaluates(trec_data, tmp_path):
+    save = train(trec_data, tmp_path / "run", "mtsa_encoder", updates=60, validate=30)
+    assert (save / "checkpoint_best.pt").is_file()
+    result = evaluate(save / "checkpoint_best.pt", tmp_path / "test.json")
+    assert result["dataset"] == "trec" and result["split"] == "test" and result["num_examples"] == 60
+    assert len(result["predictions"]) == len(result["references"]) == 60
+    accuracy = 100.0 * sum(p == r for p, r in zip(result["predictions"], result["references"])) / 60
+    assert result["metrics"]["accuracy"] == pytest.approx(accuracy)
+    assert accuracy >= 90.0  # the first word gives the class away; 60 updates learn it
+    assert result["num_updates"] == 60 and result["arch"] == "mtsa_encoder"
+
+
+@pytest.mark.parametrize("arch", ["disan_encoder", "fast_disa_encoder", "bilstm_encoder", "multi_head_encoder"])
+def test_every_encoder_trains_through_fairseq_train(trec_data, tmp_path, arch):
+    save = train(trec_data, tmp_path / "run", arch, "--encoder-heads", "2", updates=4)
+    result = evaluate(save / "checkpoint_last.pt", tmp_path / "test.json", "--split", "valid")
+    assert result["split"] == "valid" and 0.0 <= result["metrics"]["accuracy"] <= 100.0
+
+
+def test_pairs_by_separate_encoding(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rng = random.Random(1)
+    for name, n in (("train", 120), ("dev", 30), ("test", 30)):
+        write_snli(raw / f"snli_1.0_{name}.jsonl", n, rng)
+    data = prepare("snli", raw, tmp_path / "data")
+    manifest = json.loads((data / "manifest.json").read_text())
+    save = train(data, tmp_path / "run", "disan_encoder", "--classifier-highway", updates=6)
+    result = evaluate(save / "checkpoint_last.pt", tmp_path / "test.json")
+    assert result["kind"] == "pair" and result["num_examples"] == manifest["splits"]["test"] < 30  # '-' dropped
+    assert set(result["predictions"]) <= {0, 1, 2}
+
+
+def test_relatedness_regression_reports_pearson_spearman_mse(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rng = random.Random(2)
+    write_sick(raw / "SICK_train.txt", 150, rng, 1)
+    write_sick(raw / "SICK_trial.txt", 30, rng, 1000)
+    write_sick(raw / "SICK_test_annotated.txt", 40, rng, 2000)
+    data = prepare("sick", raw, tmp_path / "data")
+    save = train(data, tmp_path / "run", "bilstm_encoder", "--best-checkpoint-metric", "pearson",
+                 "--maximize-best-checkpoint-metric", "--classifier-activation", "sigmoid", updates=10, validate=5)
+    result = evaluate(save / "checkpoint_best.pt", tmp_path / "test.json")
+    assert result["kind"] == "relatedness" and result["num_examples"] == 40
+    assert set(result["metrics"]) == {"pearson", "spearman", "mse"}
+    assert all(1.0 <= p <= 5.0 for p in result["predictions"])
+    assert -1.0 <= result["metrics"]["pearson"] <= 1.0 and result["metrics"]["mse"] > 0
+
+
+def test_cross_validation_folds(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rng = random.Random(3)
+    (raw / "custrev.pos").write_text("\n".join("great " + " ".join(rng.sample(FILLER, 4)) for _ in range(60)) + "\n")
+    (raw / "custrev.neg").write_text("\n".join("awful " + " ".join(rng.sample(FILLER, 4)) for _ in range(40)) + "\n")
+    data = prepare("cr", raw, tmp_path / "data")
+    folds = [int(x) for x in (data / "train.fold").read_text().split()]
+    missing = run(str(BIN / "fairseq-train"), str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task",
+                  "sentence_encoding", "--arch", "mtsa_encoder", "--batch-size", "8", "--max-update", "1",
+                  "--save-dir", str(tmp_path / "bad"), *TINY, check=False)
+    assert missing.returncode != 0 and "pass --cv-fold K" in missing.stdout + missing.stderr
+    save = train(data, tmp_path / "run", "mtsa_encoder", "--cv-fold", "3", updates=4)
+    result = evaluate(save / "checkpoint_last.pt", tmp_path / "fold3.json", "--split", "valid")
+    assert result["cv_fold"] == 3 and result["num_examples"] == folds.count(3) == 10
+    other = evaluate(save / "checkpoint_last.pt", tmp_path / "fold5.json", "--split", "valid", "--cv-fold", "5")
+    assert other["cv_fold"] == 5 and other["num_examples"] == folds.count(5)
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
+    config = tmp_path / "trec_small.yaml"
+    config.write_text(
+        "name: trec_small\ndataset: trec\nmetric: accuracy\ndescription: test\nfairseq:\n"
+        "  criterion: sentence_encoding\n  optimizer: adam\n  lr: 0.005\n  batch-size: 16\n  max-update: 10\n"
+        "  validate-interval-updates: 5\n  save-interval-updates: 5\n  best-checkpoint-metric: accuracy\n"
+        "  maximize-best-checkpoint-metric: true\n  embed-dim: 16\n  encoder-hidden-dim: 8\n"
+        "  classifier-hidden-dim: 8\n  num-workers: 0\n  log-format: simple\n  no-epoch-checkpoints: true\n"
+        "arch_overrides:\n  multi_cnn_encoder: {encoder-hidden-dim: 4}\n")
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+           str(trec_data), "--archs", "mtsa_encoder", "multi_cnn_encoder", "--seeds", "1", "2", "--out",
+           str(tmp_path / "exp"), "--cpu"]
+    first = run(*cmd)
+    report = json.loads((tmp_path / "exp" / "report.json").read_text())
+    assert set(report["archs"]) == {"mtsa_encoder", "multi_cnn_encoder"}
+    assert report["archs"]["mtsa_encoder"]["seeds"] == [1, 2]
+    assert {r["run"] for r in report["runs"]} == {f"{a}_seed{s}" for a in ("mtsa_encoder", "multi_cnn_encoder")
+                                                   for s in (1, 2)}
+    test = report["welch_vs_reference"]["multi_cnn_encoder"]
+    assert "p_two_sided" in test or "error" in test
+    assert "| multi_cnn_encoder | 2 |" in (tmp_path / "exp" / "report.md").read_text()
+    assert first.stdout.count("training ->") == 4
+    second = run(*cmd)  # finished runs are skipped
+    assert "training ->" not in second.stdout
+
+
+def test_experiment_and_evaluation_reject_bad_input(trec_data, tmp_path):
+    bad = run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint", str(tmp_path / "no.pt"),
+              check=False)
+    assert bad.returncode != 0 and "error: checkpoint not found" in bad.stderr
+    wrong = run(sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config",
+                str(ROOT / "configs/sentence/sst5.yaml"), "--data", str(trec_data), "--archs", "mtsa_encoder",
+                "--out", str(tmp_path / "x"), check=False)
+    assert wrong.returncode != 0 and "holds 'trec'" in wrong.stderr and not (tmp_path / "x").exists()
+    not_sentence = run(sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config",
+                       str(ROOT / "configs/sentence/trec.yaml"), "--data", str(trec_data), "--archs",
+                       "transformer_mtsa", "--out", str(tmp_path / "y"), check=False)
+    assert not_sentence.returncode != 0 and "not sentence-encoder architectures" in not_sentence.stderr
+    config = tmp_path / "c.yaml"
+    config.write_text("name: c\ndataset: trec\nmetric: accuracy\ndescription: x\nfairseq: {seed: 3, max-update: 1}\n")
+    with pytest.raises(ExperimentError, match="sets \\['seed'\\]"):
+        load_task_config(config)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_task_configs_parse_with_fairseq_train_for_every_arch(config, trec_data):
+    task = load_task_config(config)
+    assert task.fairseq["task"] == "sentence_encoding" and task.fairseq["criterion"] == "sentence_encoding"
+    for arch in ("mtsa_encoder", "fast_disa_encoder", "disan_encoder", "bilstm_encoder", "multi_head_encoder"):
+        options = task.options(arch)
+        options.pop("task")
+        namespace = parse_fairseq_train(str(trec_data), ["--task", "sentence_encoding", "--arch", arch,
+                                                         *options_to_args(options)])
+        assert namespace.arch == arch and namespace.max_update == options["max-update"]
+
+
+def test_sst_phrase_training_on_real_trees(tmp_path):
+    if not (SHARED / "sst_ptb").is_dir():
+        pytest.skip("../shared/data/sst_ptb is not available")
+    data = prepare("sst5", SHARED / "sst_ptb", tmp_path / "data", "--max-examples", "40")
+    save = train(data, tmp_path / "run", "mtsa_encoder", "--classifier-no-output-bias", updates=4)
+    result = evaluate(save / "checkpoint_last.pt", tmp_path / "test.json")
+    assert result["dataset"] == "sst5" and result["num_examples"] == 40 and set(result["predictions"]) <= set(range(5))

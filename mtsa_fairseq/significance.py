@@ -345,8 +345,10 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
     lines = [
         f"## BLEU over training runs: {base} vs {sys_}",
         "",
-        f"Metric: {METRIC_NAMES[comparison.metric]} (`{comparison.signature}`); mean ± sample standard deviation "
-        "over runs.",
+        f"Metric: {METRIC_NAMES[comparison.metric]}"
+        + (f" (`{comparison.signature}`)" if comparison.metric == "sacrebleu" else
+           f" (the runs' sacreBLEU signature: `{comparison.signature}`)")
+        + "; mean ± sample standard deviation over runs.",
         "",
         row(["Model", "Param#", *(f"{g.label} BLEU" for g in groups)]),
         row(["---", "---:", *("---:" for _ in groups)]),

@@ -260,3 +260,13 @@ def test_nonpositive_seed_is_a_usage_error(results, tmp_path, monkeypatch, capsy
                   "--seed", "0")
     assert exc.value.code == 2
     assert "--seed must be a positive integer" in capsys.readouterr().err
+
+
+def test_markdown_names_the_metric_and_keeps_the_signature_apart(results):
+    _, files = results
+    for metric, header in (("sacrebleu", "Metric: sacreBLEU (`nrefs"),
+                           ("tokenized_compound_split", "Metric: tokenized compound-split BLEU (the runs' sacreBLEU "
+                                                        "signature: `nrefs")):
+        comparison = significance.compare(files["base"], files["mtsa"], metric=metric, bootstrap_samples=50,
+                                          ar_samples=50, seed=3)
+        assert header in significance.render_markdown(comparison, ("Transformer", "MTSA"))

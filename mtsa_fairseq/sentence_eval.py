@@ -23,7 +23,7 @@ class EvaluationError(ValueError):
     """A checkpoint, data directory or split that cannot be evaluated; the message says why."""
 
 
-def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any, Any, Any]:
+def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any, Any, Any, dict[str, Any]]:
     from fairseq import checkpoint_utils
 
     if not checkpoint.is_file():
@@ -33,17 +33,19 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
         overrides["data"] = str(data)
     if cv_fold is not None:
         overrides["cv_fold"] = cv_fold
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), overrides)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
+                                                                      state=state)
     if getattr(cfg.task, "_name", None) != "sentence_encoding" and not hasattr(task, "kind"):
         raise EvaluationError(f"{checkpoint} is not a sentence_encoding checkpoint")
-    return models[0], cfg, task
+    return models[0], cfg, task, state
 
 
 @torch.no_grad()
 def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | None = None, cv_fold: int | None = None,
              batch_size: int = 128, use_cuda: bool = False) -> dict[str, Any]:
     """Predictions and metrics of ``checkpoint`` on ``split`` (for cross-validation data: the held-out fold)."""
-    model, cfg, task = _load(Path(checkpoint), Path(data) if data else None, cv_fold)
+    model, cfg, task, state = _load(Path(checkpoint), Path(data) if data else None, cv_fold)
     model.eval()
     if use_cuda:
         model.cuda()
@@ -71,7 +73,6 @@ def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | Non
                    "mse": float(np.mean((pred - ref) ** 2))}
     else:
         metrics = {"accuracy": 100.0 * float(np.mean(np.asarray(predictions) == np.asarray(gold)))}
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     params = sum(p.numel() for p in model.parameters())
     return {
         "schema": RESULT_SCHEMA,

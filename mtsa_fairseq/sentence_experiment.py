@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import time
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .launch import LaunchError, find_executable
+from .launch import LaunchError, find_executable, mean_train_wps
 from .significance import SignificanceError, t_test
 from .train_config import USER_DIR, options_to_args
 
@@ -42,7 +41,6 @@ CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 METRICS = ("accuracy", "pearson")
 # set per run by the driver
 RUN_OPTIONS = ("arch", "seed", "save-dir", "cv-fold", "user-dir", "task")
-_WPS = re.compile(r"\| train_inner \|.*?wps=([0-9.]+)")
 
 
 class ExperimentError(ValueError):
@@ -164,9 +162,9 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
         raise ExperimentError(f"{run.key}: no {best} (did validation run? check validate-interval-updates)")
     split = "valid" if run.fold is not None else "test"
     result = evaluate(best, split, data, run.fold)
-    wps = [float(v) for v in _WPS.findall((run_dir / "train.log").read_text(encoding="utf-8"))]
+    wps = mean_train_wps((run_dir / "train.log").read_text(encoding="utf-8"))
     result.update(experiment=config.name, run=run.key, fold=run.fold, train_seconds_this_session=round(seconds, 1),
-                  train_words_per_second=round(float(np.mean(wps)), 1) if wps else None)
+                  train_words_per_second=None if wps is None else round(wps, 1))
     result_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")

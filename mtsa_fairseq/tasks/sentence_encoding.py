@@ -16,7 +16,6 @@ Batches hold sentences of similar length, reshuffled every epoch.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch
 from fairseq.data import Dictionary, FairseqDataset, data_utils
 from fairseq.tasks import LegacyFairseqTask, register_task
 
+from ..contracts import read_json
 from ..sentence_data import SENTENCE_DATA_SCHEMA
 
 KINDS = ("single", "pair", "relatedness")
@@ -35,9 +35,7 @@ def read_manifest(data: str | Path) -> dict[str, Any]:
     path = Path(data) / "manifest.json"
     if not path.is_file():
         raise ValueError(f"{data} has no manifest.json (prepare it with scripts/prepare_sentence_data.py)")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("schema") != SENTENCE_DATA_SCHEMA:
-        raise ValueError(f"{path} has schema {manifest.get('schema')!r}, expected {SENTENCE_DATA_SCHEMA!r}")
+    manifest = read_json(path, SENTENCE_DATA_SCHEMA, "manifest", ValueError)
     if manifest.get("kind") not in KINDS:
         raise ValueError(f"{path}: kind must be one of {KINDS}, got {manifest.get('kind')!r}")
     return manifest

@@ -11,16 +11,19 @@ For a batch element, query ``j``, key ``i`` and feature ``l`` of one DiSA block:
     u_j       = (F_j * h_j + (1 - F_j) * s_j) * real_j,  F = sigmoid(h W_f1 + b_f1 + s W_f2 + b_f2 + o)
 
 The authors materialise ``f`` as ``[B, L, L, d]``. :func:`directional_attention` computes ``s`` over
-query chunks of bounded size and recomputes each chunk in the backward pass, so peak memory is that
-of one chunk; :func:`mtsa_fairseq.modules.mtsa_reference.disa_naive` is the literal version.
+query chunks of bounded size, skips the keys a directional mask excludes (half the pairs), and
+recomputes each chunk in a hand-written backward pass, so peak memory is that of one chunk;
+:func:`mtsa_fairseq.modules.mtsa_reference.disa_naive` is the literal version.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
 from .mtsa_core import positional_mask
 from .per_head import activation
@@ -39,12 +42,84 @@ def disa_allowed(key_padding_mask: Tensor | None, q_pos: Tensor, k_pos: Tensor, 
     return allowed
 
 
-def _chunk_attention(head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
-    """``s`` for one chunk of queries: ``head [B, c, d]``, ``dep``/``values [B, L, d]``, ``allowed [., c, L]``."""
-    logits = SCALE * torch.tanh((head[:, :, None, :] + dep[:, None, :, :] + bias) / SCALE)
-    mask = allowed[..., None].to(logits.dtype)
-    probs = torch.softmax(logits - 1e30 * (1.0 - mask), dim=2) * mask  # rows with no legal key -> 0
-    return (probs * values[:, None, :, :]).sum(dim=2)
+def _key_range(start: int, end: int, length: int, direction: str | None) -> tuple[int, int]:
+    """Keys that can be legal for queries ``start..end-1``: forward ``i < j``, backward ``i > j``."""
+    if direction == "forward":
+        return 0, max(0, end - 1)
+    if direction == "backward":
+        return min(length, start + 1), length
+    return 0, length
+
+
+def _chunk_weights(head: Tensor, dep: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """``t = tanh(z)`` and ``e = exp(5 t - 5) * allowed`` as ``[B, d, c, k]`` from ``head [B, c, d]`` and
+    ``dep [B, k, d]``, already divided by 5 (``z = (h'W_2 + h'W_1 + b) / 5``). The logits ``5 t`` lie in
+    ``[-5, 5]``, so the constant shift replaces softmax's running maximum and keeps ``e`` in ``(0, 1]``."""
+    t = torch.tanh_(head.transpose(1, 2)[..., None] + dep.transpose(1, 2)[:, :, None, :])
+    e = torch.exp_((t - 1.0).mul_(SCALE))
+    return t, e.mul_(allowed[:, None].to(e.dtype))
+
+
+class _DirectionalAttention(torch.autograd.Function):
+    """``s`` of :func:`directional_attention` over query chunks and only the keys a chunk's queries may
+    attend to; backward recomputes each chunk and forms the gradients from matrix-vector products, so at
+    most two ``[B, d, c, k]`` tensors exist at a time."""
+
+    @staticmethod
+    def forward(ctx, head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None,
+                direction: str | None, size: int) -> Tensor:
+        dtype = functools.reduce(torch.promote_types, (head.dtype, dep.dtype, bias.dtype, values.dtype))
+        head_s = (head.to(dtype) + bias.to(dtype)) / SCALE
+        dep_s, vals = dep.to(dtype) / SCALE, values.to(dtype)
+        batch, length, dim = vals.shape
+        out = vals.new_zeros(batch, length, dim)
+        den = vals.new_zeros(batch, length, dim)
+        pos = torch.arange(length, device=vals.device)
+        for start in range(0, length, size):
+            end = min(length, start + size)
+            k0, k1 = _key_range(start, end, length, direction)
+            if k1 <= k0:
+                continue
+            allowed = disa_allowed(key_padding_mask, pos[start:end], pos[k0:k1], direction)
+            _, e = _chunk_weights(head_s[:, start:end], dep_s[:, k0:k1], allowed)
+            chunk_den = e.sum(-1)  # [B, d, c]
+            chunk_num = torch.matmul(e, vals[:, k0:k1].transpose(1, 2)[..., None])[..., 0]
+            den[:, start:end] = chunk_den.transpose(1, 2)
+            out[:, start:end] = (chunk_num / chunk_den.clamp_min(torch.finfo(dtype).tiny)).transpose(1, 2)
+        ctx.save_for_backward(head_s, dep_s, vals, out, den, key_padding_mask)
+        ctx.direction, ctx.size = direction, size
+        ctx.dtypes = (head.dtype, dep.dtype, bias.dtype, values.dtype)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        head_s, dep_s, vals, out, den, key_padding_mask = ctx.saved_tensors
+        batch, length, dim = vals.shape
+        # a_j = g_j / den_j (0 for rows without a legal key); dL/df_ji = e_ji a_j (v_i - s_j)
+        a = torch.where(den > 0, grad_out.to(vals.dtype) / den.clamp_min(torch.finfo(vals.dtype).tiny), 0.0)
+        grad_z_head, grad_z_dep, grad_vals = torch.zeros_like(head_s), torch.zeros_like(dep_s), torch.zeros_like(vals)
+        pos = torch.arange(length, device=vals.device)
+        for start in range(0, length, ctx.size):
+            end = min(length, start + ctx.size)
+            k0, k1 = _key_range(start, end, length, ctx.direction)
+            if k1 <= k0:
+                continue
+            allowed = disa_allowed(key_padding_mask, pos[start:end], pos[k0:k1], ctx.direction)
+            t, e = _chunk_weights(head_s[:, start:end], dep_s[:, k0:k1], allowed)
+            a_c = a[:, start:end].transpose(1, 2)  # [B, d, c]
+            s_c = out[:, start:end].transpose(1, 2)
+            v_k = vals[:, k0:k1].transpose(1, 2)  # [B, d, k]
+            grad_vals[:, k0:k1] += torch.matmul(a_c[:, :, None, :], e)[:, :, 0].transpose(1, 2)
+            w = e.mul_(t.square_().neg_().add_(1.0))  # e (1 - t^2): through 5 tanh(z)
+            wv = torch.matmul(w, v_k[..., None])[..., 0]  # sum_i w_ji v_i
+            grad_z_head[:, start:end] += (a_c * (wv - s_c * w.sum(-1))).transpose(1, 2)
+            left = torch.stack((a_c, a_c * s_c), dim=2)  # [B, d, 2, c]
+            sums = torch.matmul(left, w)  # sum_j w_ji a_j and sum_j w_ji a_j s_j
+            grad_z_dep[:, k0:k1] += (v_k * sums[:, :, 0] - sums[:, :, 1]).transpose(1, 2)
+        # z = (head + dep + bias) / 5 and f = 5 tanh(z): the factors 5 and 1/5 cancel
+        grads = (grad_z_head, grad_z_dep, grad_z_head.sum((0, 1)), grad_vals)
+        return (*(g.to(d) for g, d in zip(grads, ctx.dtypes)), None, None, None)
 
 
 def directional_attention(
@@ -52,21 +127,14 @@ def directional_attention(
     direction: str | None, chunk_size: int | None = None,
 ) -> Tensor:
     """``s [B, L, d]`` of a DiSA block from ``head = h' W_2``, ``dep = h' W_1``, ``bias [d]`` and
-    ``values = h``, computed over query chunks; in training each chunk is recomputed in backward,
-    so no ``[B, L, L, d]`` tensor ever exists (only one ``[B, chunk, L, d]`` at a time)."""
+    ``values = h``, computed over query chunks (``chunk_size`` queries, default: at most 2**24 scores per
+    chunk) and, for the directional masks, only over the keys before (forward) or after (backward) a
+    chunk; backward recomputes each chunk, so no ``[B, L, L, d]`` tensor ever exists."""
     if direction not in DISA_DIRECTIONS:
         raise ValueError(f"direction must be one of {DISA_DIRECTIONS}, got {direction!r}")
     batch, length, dim = values.shape
     size = chunk_size or max(1, CHUNK_ELEMENTS // max(1, batch * length * dim))
-    pos = torch.arange(length, device=values.device)
-    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (head, dep, bias, values))
-    out = []
-    for start in range(0, length, size):
-        end = min(length, start + size)
-        allowed = disa_allowed(key_padding_mask, pos[start:end], pos, direction)
-        args = (head[:, start:end], dep, bias, values, allowed)
-        out.append(checkpoint(_chunk_attention, *args, use_reentrant=False) if recompute else _chunk_attention(*args))
-    return torch.cat(out, dim=1)
+    return _DirectionalAttention.apply(head, dep, bias, values, key_padding_mask, direction, size)
 
 
 class DiSABlock(nn.Module):

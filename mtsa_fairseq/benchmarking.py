@@ -46,13 +46,14 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_rounds(steps: dict[str, Callable[[int], None]], rounds: int, device: str) -> dict[str, list[float]]:
-    """Seconds of ``steps[name](r)`` for rounds ``r = 1 .. rounds`` after a warm-up round 0. The steps
-    take turns within each round, in reversed order every other round (ABBA), so that all of them see
-    the same machine load."""
+def timed_rounds(steps: dict[str, Callable[[int], None]], rounds: int, device: str,
+                 warmup: bool = True) -> dict[str, list[float]]:
+    """Seconds of ``steps[name](r)`` for rounds ``r = 1 .. rounds`` after a warm-up round 0 (skipped with
+    ``warmup=False``, for a process that has already run the steps). The steps take turns within each
+    round, in reversed order every other round (ABBA), so that all of them see the same machine load."""
     names = list(steps)
     seconds: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds + 1):
+    for r in range(0 if warmup else 1, rounds + 1):
         for name in names if r % 2 == 0 else names[::-1]:
             synchronize(device)
             start = time.perf_counter()

@@ -2,55 +2,40 @@
 """Time and peak memory of one forward+backward pass of each sentence encoder vs sequence length, as in
 the MTSA paper's Figure 1 / DiSAN's Table 1: batch 64, 300 channels, training mode, pooled output.
 
-Encoders: MTSA (= Fast-DiSA's released code; the SNLI block: 2 heads, sigmoid token2token, strict
-forward/backward masks, fusion gate, exp two-layer source2token, 600 wide), DiSAN (forward + backward
-DiSA, chunked), Bi-LSTM (600D), Multi-CNN (3/4/5-gram, 200 each), Hrchy-CNN (3 gated residual layers) and
-multi-head attention (8 x 75 units, positional encoding); every per-token output is pooled by
-multi-dimensional source2token attention. Time: median of ``--repeats`` passes after a warm-up, the
-encoders taking turns pass by pass. Peak memory: one pass in a fresh process per (encoder, L).
+The encoders are the ``sentence_encoder`` architectures exactly as ``fairseq-train --arch`` builds them
+(without the embedding and classifier): MTSA, Fast-DiSA, stacked MTSA, DiSAN (chunked DiSA), DiSAN without
+directions, Bi-LSTM (600D), Multi-CNN (3/4/5-gram x 200), Hrchy-CNN (3 gated residual layers) and
+multi-head attention (8 x 75, positional encoding), each pooled by multi-dimensional source2token
+attention. Per length, peak memory is measured first, one pass in a fresh process per encoder under an
+address-space limit; an encoder that runs out of memory is marked OOM and not run at longer lengths.
+Time: median of ``--repeats`` passes, the encoders taking turns pass by pass, after one warm-up round at
+the first length. The JSON is rewritten after every length.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-ENCODERS = ("mtsa", "disan", "bilstm", "multi_cnn", "hrchy_cnn", "multi_head")
+ENCODERS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
+            "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
+OOM = "OOM"
 
 
-def build(name: str, dim: int):
-    import torch
+def build(arch: str, dim: int):
+    """The encoder of ``--arch arch`` with ``--embed-dim dim`` and no dropout: ``[B, L, dim] -> [B, out]``."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    from mtsa_fairseq.modules import (
-        BiLSTMEncoder,
-        DiSAN,
-        HierarchicalCNNEncoder,
-        MultiCNNEncoder,
-        MultiDimSource2Token,
-        MultiHeadEncoder,
-        SentenceMTSA,
-    )
+    from mtsa_fairseq.models.sentence_encoder import build_encoder
 
-    if name == "mtsa":
-        block = SentenceMTSA(dim, 2 * dim, num_heads=2, token2token="sigmoid", activation_name="elu")
-        pool = MultiDimSource2Token(2 * dim)
-
-        class Pooled(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.block, self.pool = block, pool
-
-            def forward(self, x, mask):
-                return self.pool(self.block(x, mask), mask)
-
-        return Pooled()
-    return {"disan": lambda: DiSAN(dim), "bilstm": lambda: BiLSTMEncoder(dim),
-            "multi_cnn": lambda: MultiCNNEncoder(dim), "hrchy_cnn": lambda: HierarchicalCNNEncoder(dim),
-            "multi_head": lambda: MultiHeadEncoder(dim, head_dim=75)}[name]()  # 8 x 75 as in the paper
+    args = argparse.Namespace(embed_dim=dim)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return build_encoder(args)
 
 
 def _pass(model, x) -> None:
@@ -64,34 +49,107 @@ def _inputs(batch: int, length: int, dim: int, device: str):
     return torch.randn(batch, length, dim, device=device, generator=torch.Generator(device).manual_seed(length))
 
 
-def memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
+def memory_available_gb() -> float:
+    """``MemAvailable`` of ``/proc/meminfo`` in GiB (0 where it cannot be read)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return 0.0
+    kb = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("MemAvailable:")), 0)
+    return kb / 2**20
+
+
+def memory_mb(name: str, length: int, args: argparse.Namespace) -> float | str:
+    """Peak memory growth of one pass (MiB), or ``"OOM"`` when the allocation fails."""
+    import torch
+
     from mtsa_fairseq.benchmarking import peak_growth_mb
 
+    if args.device == "cpu" and args.memory_limit_gb:
+        limit = int(args.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     model = build(name, args.dim).to(args.device).train()
     _pass(model, _inputs(args.batch, 8, args.dim, args.device))  # library initialisation
     x = _inputs(args.batch, length, args.dim, args.device)
-    return peak_growth_mb(lambda: _pass(model, x), args.device)
+    try:
+        return peak_growth_mb(lambda: _pass(model, x), args.device)
+    except (torch.OutOfMemoryError, MemoryError):
+        return OOM
+    except RuntimeError as error:  # the CPU allocator under RLIMIT_AS
+        if "can't allocate memory" in str(error) or "not enough memory" in str(error):
+            return OOM
+        raise
 
 
-def times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
+def times_ms(models: dict, length: int, args: argparse.Namespace, warmup: bool) -> dict[str, float]:
     """Median forward+backward time per encoder, the encoders alternating (ABBA order) pass by pass."""
     from mtsa_fairseq.benchmarking import timed_rounds
 
     x = _inputs(args.batch, length, args.dim, args.device)
     steps = {name: lambda _, model=model: _pass(model, x) for name, model in models.items()}
-    return {name: 1000 * statistics.median(t) for name, t in timed_rounds(steps, args.repeats, args.device).items()}
+    rounds = timed_rounds(steps, args.repeats, args.device, warmup=warmup)
+    return {name: 1000 * statistics.median(t) for name, t in rounds.items()}
+
+
+def markdown(result: dict) -> str:
+    names = result["encoders"]
+    header = ["L"] + [f"{n.removesuffix('_encoder')} ms" for n in names]
+    lines = [result["settings"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in result["rows"]:
+        lines.append("| " + " | ".join([str(r["L"])] + [_cell(r["ms"].get(n), ".1f", r["mb"].get(n)) for n in names])
+                     + " |")
+    header = ["L"] + [f"{n.removesuffix('_encoder')} MB" for n in names]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in result["rows"]:
+        lines.append("| " + " | ".join([str(r["L"])] + [_cell(r["mb"].get(n), ".0f") for n in names]) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: float | str | None, spec: str, memory: float | str | None = None) -> str:
+    if value is None:
+        return OOM if memory == OOM else "—"
+    return value if isinstance(value, str) else format(value, spec)
+
+
+def plot(result: dict, path: Path) -> None:
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for name in result["encoders"]:
+        for ax, key in zip(axes, ("ms", "mb")):
+            points = [(r["L"], r[key][name]) for r in result["rows"] if isinstance(r[key].get(name), float)]
+            if points:
+                ax.plot(*zip(*points), "o-", label=name.removesuffix("_encoder"), markersize=4)
+    for ax, title in zip(axes, ["forward+backward time (ms)", "peak memory growth (MB)"]):
+        ax.set(xscale="log", yscale="log", xlabel="sequence length L", title=title)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="upper left")
+    fig.suptitle(result["settings"], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024],
-                        help="sequence lengths")
-    parser.add_argument("--encoders", nargs="+", choices=ENCODERS, default=list(ENCODERS), help="encoders to run")
+                        help="sequence lengths, increasing")
+    parser.add_argument("--encoders", nargs="+", choices=ENCODERS, default=list(ENCODERS),
+                        help="sentence_encoder architectures to run")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--dim", type=int, default=300, help="input channels (word embedding size)")
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per encoder and length")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--json", type=Path, help="write the raw numbers here")
+    parser.add_argument("--memory-limit-gb", type=float, default=None,
+                        help="CPU: address-space limit of each memory measurement; an encoder over it is OOM "
+                             "(default: 85%% of the memory available at the start)")
+    parser.add_argument("--json", type=Path, help="write the raw numbers here (after every length)")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: "encoder:L", in a fresh process
     args = parser.parse_args()
@@ -106,58 +164,46 @@ def main() -> None:
         name, length = args.memory_of.split(":")
         print(json.dumps(memory_mb(name, int(length), args)))
         return
+    if args.lengths != sorted(set(args.lengths)) or min(args.lengths) < 2:
+        parser.error("--lengths must be increasing, distinct and at least 2")
+    if args.repeats < 1 or args.batch < 1 or args.dim < 1:
+        parser.error("--repeats, --batch and --dim must be positive")
     for out in (args.json, args.plot):
         if out is not None and not out.parent.is_dir():
             parser.error(f"output directory {out.parent} does not exist")
+    if args.memory_limit_gb is None and args.device == "cpu":
+        args.memory_limit_gb = round(0.85 * memory_available_gb(), 1) or None
 
     torch.manual_seed(0)
     models = {name: build(name, args.dim).to(args.device).train() for name in args.encoders}
-    rows = []
-    for length in args.lengths:
-        ms = times_ms(models, length, args)
+    limit = f", memory limit {args.memory_limit_gb} GiB" if args.memory_limit_gb and args.device == "cpu" else ""
+    result = {
+        "settings": f"{device_name(args.device)}, torch {torch.__version__}; batch {args.batch}, {args.dim} channels, "
+                    f"forward+backward, median of {args.repeats}{limit}",
+        "encoders": list(args.encoders), "rows": [],
+    }
+    for i, length in enumerate(args.lengths):
         mb = {}
-        for name in args.encoders:
+        for name in models:
             proc = subprocess.run(
                 [sys.executable, __file__, "--memory-of", f"{name}:{length}", "--batch", str(args.batch),
-                 "--dim", str(args.dim), "--device", args.device], capture_output=True, text=True)
+                 "--dim", str(args.dim), "--device", args.device,
+                 "--memory-limit-gb", str(args.memory_limit_gb or 0)], capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"error: memory of {name} at L={length} failed:\n{proc.stderr[-2000:]}")
             mb[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows.append({"L": length, "ms": ms, "mb": mb})
-        print(f"[bench] L={length:5d} " + "  ".join(f"{n} {ms[n]:.0f} ms {mb[n]:.0f} MB" for n in args.encoders),
-              flush=True)
-    settings = (f"{device_name(args.device)}, torch {torch.__version__}; batch {args.batch}, {args.dim} channels, "
-                "forward+backward")
-    header = ["L"] + [f"{n} ms" for n in args.encoders] + [f"{n} MB" for n in args.encoders]
-    lines = [settings, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [str(r["L"])] + [f"{r['ms'][n]:.1f}" for n in args.encoders]
-        cells += [f"{r['mb'][n]:.0f}" for n in args.encoders]
-        lines.append("| " + " | ".join(cells) + " |")
-    print("\n".join(lines))
-    if args.json:
-        args.json.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+        for name in [n for n in models if mb[n] == OOM]:
+            del models[name]  # and so not run at longer lengths either
+        ms = times_ms(models, length, args, warmup=i == 0) if models else {}
+        result["rows"].append({"L": length, "ms": ms, "mb": mb})
+        print(f"[bench] L={length:5d} " + "  ".join(
+            f"{n.removesuffix('_encoder')} " + (OOM if mb[n] == OOM else f"{ms[n]:.0f} ms {mb[n]:.0f} MB")
+            for n in mb), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(result))
     if args.plot:
-        import logging
-
-        import matplotlib
-
-        matplotlib.use("Agg")
-        logging.getLogger("matplotlib").setLevel(logging.WARNING)
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for name in args.encoders:
-            lengths = [r["L"] for r in rows]
-            axes[0].plot(lengths, [r["ms"][name] for r in rows], "o-", label=name)
-            axes[1].plot(lengths, [r["mb"][name] for r in rows], "o-", label=name)
-        for ax, title in zip(axes, ["forward+backward time (ms)", "peak memory growth (MB)"]):
-            ax.set(xscale="log", yscale="log", xlabel="sequence length L", title=title)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.suptitle(settings, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+        plot(result, args.plot)
 
 
 if __name__ == "__main__":

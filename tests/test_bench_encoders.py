@@ -1,0 +1,42 @@
+"""scripts/bench_encoders.py end to end at a tiny size: every encoder is the registered architecture, the
+table and JSON hold each (encoder, L), and a pass that cannot get its memory is reported as OOM."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_encoders.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_tiny_benchmark_writes_every_encoder_and_length(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run("--lengths", "4", "12", "--batch", "2", "--dim", "20", "--repeats", "1",
+               "--encoders", "mtsa_encoder", "disan_encoder", "stacked_mtsa_encoder",
+               "--json", str(out), "--plot", str(tmp_path / "bench.png"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["encoders"] == ["mtsa_encoder", "disan_encoder", "stacked_mtsa_encoder"]
+    assert [r["L"] for r in result["rows"]] == [4, 12]
+    for row in result["rows"]:
+        assert all(row["ms"][n] > 0 and isinstance(row["mb"][n], float) for n in result["encoders"])
+    assert "| L | mtsa ms | disan ms | stacked_mtsa ms |" in proc.stdout
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_out_of_memory_is_reported_not_fatal():
+    # MTSA at L = 2048, batch 64: [64, 2, 2048, 2048] floats are 2 GiB per tensor, far above a 3 GiB limit
+    proc = run("--memory-of", "mtsa_encoder:2048", "--batch", "64", "--memory-limit-gb", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == "OOM"
+
+
+def test_bad_lengths_and_missing_output_directory(tmp_path):
+    proc = run("--lengths", "64", "16")
+    assert proc.returncode != 0 and "--lengths must be increasing" in proc.stderr
+    proc = run("--lengths", "4", "--json", str(tmp_path / "missing" / "b.json"))
+    assert proc.returncode != 0 and "does not exist" in proc.stderr

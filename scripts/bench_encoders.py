@@ -7,9 +7,10 @@ The encoders are the ``sentence_encoder`` architectures exactly as ``fairseq-tra
 directions, Bi-LSTM (600D), Multi-CNN (3/4/5-gram x 200), Hrchy-CNN (3 gated residual layers) and
 multi-head attention (8 x 75, positional encoding), each pooled by multi-dimensional source2token
 attention. Per length, peak memory is measured first, one pass in a fresh process per encoder under an
-address-space limit; an encoder that runs out of memory is marked OOM and not run at longer lengths.
-Time: median of ``--repeats`` passes, the encoders taking turns pass by pass, after one warm-up round at
-the first length. The JSON is rewritten after every length.
+address-space limit; an encoder that runs out of memory is marked OOM and not run at longer lengths, nor
+is one whose pass took longer than ``--max-seconds``. Time: median of ``--repeats`` passes, the encoders
+taking turns pass by pass, after one warm-up round at the first length. The JSON is rewritten after every
+length.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def main() -> None:
     parser.add_argument("--memory-limit-gb", type=float, default=None,
                         help="CPU: address-space limit of each memory measurement; an encoder over it is OOM "
                              "(default: 85%% of the memory available at the start)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="do not run an encoder at longer lengths once its pass took longer than this")
     parser.add_argument("--json", type=Path, help="write the raw numbers here (after every length)")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: "encoder:L", in a fresh process
@@ -180,7 +183,7 @@ def main() -> None:
     result = {
         "settings": f"{device_name(args.device)}, torch {torch.__version__}; batch {args.batch}, {args.dim} channels, "
                     f"forward+backward, median of {args.repeats}{limit}",
-        "encoders": list(args.encoders), "rows": [],
+        "encoders": list(args.encoders), "rows": [], "stopped": {},
     }
     for i, length in enumerate(args.lengths):
         mb = {}
@@ -194,7 +197,11 @@ def main() -> None:
             mb[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         for name in [n for n in models if mb[n] == OOM]:
             del models[name]  # and so not run at longer lengths either
+            result["stopped"][name] = f"out of memory at L = {length}"
         ms = times_ms(models, length, args, warmup=i == 0) if models else {}
+        for name in [n for n in models if args.max_seconds and ms[n] > 1000 * args.max_seconds]:
+            del models[name]
+            result["stopped"][name] = f"a pass took {ms[name] / 1000:.0f} s > {args.max_seconds:g} s at L = {length}"
         result["rows"].append({"L": length, "ms": ms, "mb": mb})
         print(f"[bench] L={length:5d} " + "  ".join(
             f"{n.removesuffix('_encoder')} " + (OOM if mb[n] == OOM else f"{ms[n]:.0f} ms {mb[n]:.0f} MB")
@@ -202,6 +209,8 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(result))
+    for name, why in result["stopped"].items():
+        print(f"{name}: not run at longer lengths ({why})")
     if args.plot:
         plot(result, args.plot)
 

@@ -28,6 +28,16 @@ def test_tiny_benchmark_writes_every_encoder_and_length(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 0
 
 
+def test_an_encoder_over_the_time_limit_stops(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run("--lengths", "4", "8", "--batch", "2", "--dim", "20", "--repeats", "1", "--max-seconds", "0.000001",
+               "--encoders", "multi_cnn_encoder", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [r["ms"] for r in result["rows"]][1] == {} and "multi_cnn_encoder" in result["stopped"]
+    assert "| 8 | — |" in proc.stdout and "not run at longer lengths (a pass took" in proc.stdout
+
+
 def test_out_of_memory_is_reported_not_fatal():
     # MTSA at L = 2048, batch 64: [64, 2, 2048, 2048] floats are 2 GiB per tensor, far above a 3 GiB limit
     proc = run("--memory-of", "mtsa_encoder:2048", "--batch", "64", "--memory-limit-gb", "3")

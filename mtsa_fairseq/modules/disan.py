@@ -42,13 +42,15 @@ def disa_allowed(key_padding_mask: Tensor | None, q_pos: Tensor, k_pos: Tensor, 
     return allowed
 
 
-def _key_range(start: int, end: int, length: int, direction: str | None) -> tuple[int, int]:
-    """Keys that can be legal for queries ``start..end-1``: forward ``i < j``, backward ``i > j``."""
-    if direction == "forward":
-        return 0, max(0, end - 1)
-    if direction == "backward":
-        return min(length, start + 1), length
-    return 0, length
+def _chunks(length: int, size: int, direction: str | None, key_padding_mask: Tensor | None, device: torch.device):
+    """``(q0, q1, k0, k1, allowed)`` per chunk of ``size`` queries ``q0..q1-1`` with the keys ``k0..k1-1``
+    that can be legal for them (forward ``i < j``, backward ``i > j``); chunks without any are skipped."""
+    pos = torch.arange(length, device=device)
+    for q0 in range(0, length, size):
+        q1 = min(length, q0 + size)
+        k0, k1 = {"forward": (0, q1 - 1), "backward": (q0 + 1, length)}.get(direction, (0, length))
+        if k0 < k1:
+            yield q0, q1, k0, k1, disa_allowed(key_padding_mask, pos[q0:q1], pos[k0:k1], direction)
 
 
 def _chunk_weights(head: Tensor, dep: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
@@ -71,21 +73,13 @@ class _DirectionalAttention(torch.autograd.Function):
         dtype = functools.reduce(torch.promote_types, (head.dtype, dep.dtype, bias.dtype, values.dtype))
         head_s = (head.to(dtype) + bias.to(dtype)) / SCALE
         dep_s, vals = dep.to(dtype) / SCALE, values.to(dtype)
-        batch, length, dim = vals.shape
-        out = vals.new_zeros(batch, length, dim)
-        den = vals.new_zeros(batch, length, dim)
-        pos = torch.arange(length, device=vals.device)
-        for start in range(0, length, size):
-            end = min(length, start + size)
-            k0, k1 = _key_range(start, end, length, direction)
-            if k1 <= k0:
-                continue
-            allowed = disa_allowed(key_padding_mask, pos[start:end], pos[k0:k1], direction)
-            _, e = _chunk_weights(head_s[:, start:end], dep_s[:, k0:k1], allowed)
+        out, den = torch.zeros_like(vals), torch.zeros_like(vals)
+        for q0, q1, k0, k1, allowed in _chunks(vals.shape[1], size, direction, key_padding_mask, vals.device):
+            _, e = _chunk_weights(head_s[:, q0:q1], dep_s[:, k0:k1], allowed)
             chunk_den = e.sum(-1)  # [B, d, c]
             chunk_num = torch.matmul(e, vals[:, k0:k1].transpose(1, 2)[..., None])[..., 0]
-            den[:, start:end] = chunk_den.transpose(1, 2)
-            out[:, start:end] = (chunk_num / chunk_den.clamp_min(torch.finfo(dtype).tiny)).transpose(1, 2)
+            den[:, q0:q1] = chunk_den.transpose(1, 2)
+            out[:, q0:q1] = (chunk_num / chunk_den.clamp_min(torch.finfo(dtype).tiny)).transpose(1, 2)
         ctx.save_for_backward(head_s, dep_s, vals, out, den, key_padding_mask)
         ctx.direction, ctx.size = direction, size
         ctx.dtypes = (head.dtype, dep.dtype, bias.dtype, values.dtype)
@@ -95,25 +89,19 @@ class _DirectionalAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         head_s, dep_s, vals, out, den, key_padding_mask = ctx.saved_tensors
-        batch, length, dim = vals.shape
         # a_j = g_j / den_j (0 for rows without a legal key); dL/df_ji = e_ji a_j (v_i - s_j)
         a = torch.where(den > 0, grad_out.to(vals.dtype) / den.clamp_min(torch.finfo(vals.dtype).tiny), 0.0)
         grad_z_head, grad_z_dep, grad_vals = torch.zeros_like(head_s), torch.zeros_like(dep_s), torch.zeros_like(vals)
-        pos = torch.arange(length, device=vals.device)
-        for start in range(0, length, ctx.size):
-            end = min(length, start + ctx.size)
-            k0, k1 = _key_range(start, end, length, ctx.direction)
-            if k1 <= k0:
-                continue
-            allowed = disa_allowed(key_padding_mask, pos[start:end], pos[k0:k1], ctx.direction)
-            t, e = _chunk_weights(head_s[:, start:end], dep_s[:, k0:k1], allowed)
-            a_c = a[:, start:end].transpose(1, 2)  # [B, d, c]
-            s_c = out[:, start:end].transpose(1, 2)
+        for q0, q1, k0, k1, allowed in _chunks(vals.shape[1], ctx.size, ctx.direction, key_padding_mask,
+                                               vals.device):
+            t, e = _chunk_weights(head_s[:, q0:q1], dep_s[:, k0:k1], allowed)
+            a_c = a[:, q0:q1].transpose(1, 2)  # [B, d, c]
+            s_c = out[:, q0:q1].transpose(1, 2)
             v_k = vals[:, k0:k1].transpose(1, 2)  # [B, d, k]
             grad_vals[:, k0:k1] += torch.matmul(a_c[:, :, None, :], e)[:, :, 0].transpose(1, 2)
             w = e.mul_(t.square_().neg_().add_(1.0))  # e (1 - t^2): through 5 tanh(z)
             wv = torch.matmul(w, v_k[..., None])[..., 0]  # sum_i w_ji v_i
-            grad_z_head[:, start:end] += (a_c * (wv - s_c * w.sum(-1))).transpose(1, 2)
+            grad_z_head[:, q0:q1] += (a_c * (wv - s_c * w.sum(-1))).transpose(1, 2)
             left = torch.stack((a_c, a_c * s_c), dim=2)  # [B, d, 2, c]
             sums = torch.matmul(left, w)  # sum_j w_ji a_j and sum_j w_ji a_j s_j
             grad_z_dep[:, k0:k1] += (v_k * sums[:, :, 0] - sums[:, :, 1]).transpose(1, 2)

@@ -142,12 +142,21 @@ def _execute(command: list[str], log_path: Path, threads: int | None) -> tuple[i
 
 def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
             threads: int | None, cpu: bool, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) one run and evaluate its best checkpoint; returns (and writes) the result."""
+    """Train (or resume) one run and evaluate its best checkpoint; returns (and writes) the result. A run
+    finished with a smaller update budget trains on from its last checkpoint to the new one."""
     from .sentence_eval import evaluate
 
     result_path = run.result_path(out)
+    budget = max_update if max_update is not None else config.options(run.arch)["max-update"]
     if result_path.is_file():
-        return json.loads(result_path.read_text(encoding="utf-8"))
+        previous = json.loads(result_path.read_text(encoding="utf-8"))
+        if previous.get("max_update") == budget:
+            return previous
+        if not isinstance(previous.get("max_update"), int) or previous["max_update"] > budget:
+            raise ExperimentError(
+                f"{run.key}: {result_path} was trained with max-update {previous.get('max_update')}, not {budget}; "
+                "use another --out for a smaller budget")
+        log(f"[experiment] {run.key}: continuing from max-update {previous['max_update']} to {budget}")
     run_dir = run.run_dir(out)
     try:
         command = train_command(config, run, data, out, max_update, extra + (["--cpu"] if cpu else []))
@@ -163,7 +172,8 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
     split = "valid" if run.fold is not None else "test"
     result = evaluate(best, split, data, run.fold)
     wps = mean_train_wps((run_dir / "train.log").read_text(encoding="utf-8"))
-    result.update(experiment=config.name, run=run.key, fold=run.fold, train_seconds_this_session=round(seconds, 1),
+    result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget,
+                  train_seconds_this_session=round(seconds, 1),
                   train_words_per_second=None if wps is None else round(wps, 1))
     result_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = result_path.with_suffix(".tmp")

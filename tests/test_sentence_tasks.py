@@ -194,6 +194,15 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
     assert first.stdout.count("training ->") == 4
     second = run(*cmd)  # finished runs are skipped
     assert "training ->" not in second.stdout
+    longer = run(*cmd[:-1], "--archs", "multi_cnn_encoder", "--seeds", "1", "--max-update", "15", "--cpu")
+    assert longer.stdout.count("continuing from max-update 10 to 15") == 1
+    result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
+    assert result["max_update"] == 15
+    log = (tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1" / "train.log").read_text()
+    assert "Stopping training due to num_updates: 15 >= max_update: 15" in log.split("Loaded checkpoint")[-1]
+    shorter = run(*cmd[:-1], "--archs", "multi_cnn_encoder", "--seeds", "1", "--max-update", "5", "--cpu",
+                  check=False)
+    assert shorter.returncode != 0 and "was trained with max-update 15, not 5" in shorter.stderr
 
 
 def test_experiment_and_evaluation_reject_bad_input(trec_data, tmp_path):

@@ -40,6 +40,15 @@ def peak_growth_mb(step: Callable[[], None], device: str) -> float:
     return (_status_kb("VmHWM") - before) / 1024
 
 
+def limit_address_space_growth(gib: float) -> None:
+    """Let this process's address space grow by at most ``gib`` GiB from now on (Linux ``RLIMIT_AS``), so
+    that a step needing more fails with an allocation error instead of waking the kernel's OOM killer."""
+    import resource
+
+    limit = _status_kb("VmSize") * 1024 + int(gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
 def synchronize(device: str) -> None:
     """Wait for queued CUDA work, so that wall-clock time covers it (no-op on CPU)."""
     if device.startswith("cuda"):

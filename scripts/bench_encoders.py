@@ -6,18 +6,17 @@ The encoders are the ``sentence_encoder`` architectures exactly as ``fairseq-tra
 (without the embedding and classifier): MTSA, Fast-DiSA, stacked MTSA, DiSAN (chunked DiSA), DiSAN without
 directions, Bi-LSTM (600D), Multi-CNN (3/4/5-gram x 200), Hrchy-CNN (3 gated residual layers) and
 multi-head attention (8 x 75, positional encoding), each pooled by multi-dimensional source2token
-attention. Per length, peak memory is measured first, one pass in a fresh process per encoder under an
-address-space limit; an encoder that runs out of memory is marked OOM and not run at longer lengths, nor
-is one whose pass took longer than ``--max-seconds``. Time: median of ``--repeats`` passes, the encoders
-taking turns pass by pass, after one warm-up round at the first length. The JSON is rewritten after every
-length.
+attention. Per length, peak memory is measured first, one pass in a fresh process per encoder whose
+address space may grow by at most ``--memory-limit-gb``; an encoder that runs out of memory is marked OOM
+and not run at longer lengths, nor is one whose pass took longer than ``--max-seconds``. Time: median of
+``--repeats`` passes, the encoders taking turns pass by pass, after one warm-up round at the first length.
+The JSON is rewritten after every length.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -64,14 +63,13 @@ def memory_mb(name: str, length: int, args: argparse.Namespace) -> float | str:
     """Peak memory growth of one pass (MiB), or ``"OOM"`` when the allocation fails."""
     import torch
 
-    from mtsa_fairseq.benchmarking import peak_growth_mb
+    from mtsa_fairseq.benchmarking import limit_address_space_growth, peak_growth_mb
 
-    if args.device == "cpu" and args.memory_limit_gb:
-        limit = int(args.memory_limit_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     model = build(name, args.dim).to(args.device).train()
     _pass(model, _inputs(args.batch, 8, args.dim, args.device))  # library initialisation
     x = _inputs(args.batch, length, args.dim, args.device)
+    if args.device == "cpu" and args.memory_limit_gb:
+        limit_address_space_growth(args.memory_limit_gb)
     try:
         return peak_growth_mb(lambda: _pass(model, x), args.device)
     except (torch.OutOfMemoryError, MemoryError):
@@ -148,7 +146,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per encoder and length")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--memory-limit-gb", type=float, default=None,
-                        help="CPU: address-space limit of each memory measurement; an encoder over it is OOM "
+                        help="CPU: how far one pass may grow the address space; an encoder needing more is OOM "
                              "(default: 85%% of the memory available at the start)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="do not run an encoder at longer lengths once its pass took longer than this")
@@ -179,7 +177,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     models = {name: build(name, args.dim).to(args.device).train() for name in args.encoders}
-    limit = f", memory limit {args.memory_limit_gb} GiB" if args.memory_limit_gb and args.device == "cpu" else ""
+    limit = f", memory growth limit {args.memory_limit_gb} GiB" if args.memory_limit_gb and args.device == "cpu" else ""
     result = {
         "settings": f"{device_name(args.device)}, torch {torch.__version__}; batch {args.batch}, {args.dim} channels, "
                     f"forward+backward, median of {args.repeats}{limit}",

@@ -10,7 +10,8 @@ attention. Per length, peak memory is measured first, one pass in a fresh proces
 address space may grow by at most ``--memory-limit-gb``; an encoder that runs out of memory is marked OOM
 and not run at longer lengths, nor is one whose pass took longer than ``--max-seconds``. Time: median of
 ``--repeats`` passes, the encoders taking turns pass by pass, after one warm-up round at the first length.
-The JSON is rewritten after every length.
+The JSON is rewritten after every length; ``--from-json`` merges the JSON of several runs (e.g. the longest
+lengths measured separately) into one table and plot without measuring.
 """
 
 from __future__ import annotations
@@ -135,6 +136,21 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def merge(paths: list[Path]) -> dict:
+    """One result from several ``--json`` files: rows by length (a later file's row replaces an earlier
+    one's), encoders in order of appearance, the settings of each file."""
+    results = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    rows = {row["L"]: row for result in results for row in result["rows"]}
+    return {
+        "settings": "; ".join(dict.fromkeys(f"L = {', '.join(str(r['L']) for r in result['rows'])}: "
+                                             f"{result['settings']}" for result in results)),
+        "encoders": list(dict.fromkeys(name for result in results for name in result["encoders"])),
+        "rows": [rows[length] for length in sorted(rows)],
+        "stopped": {name: why for result in results for name, why in result.get("stopped", {}).items()},
+        "merged_from": [str(path) for path in paths],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024],
@@ -152,6 +168,8 @@ def main() -> None:
                         help="do not run an encoder at longer lengths once its pass took longer than this")
     parser.add_argument("--json", type=Path, help="write the raw numbers here (after every length)")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
+    parser.add_argument("--from-json", type=Path, nargs="+",
+                        help="measure nothing: merge these --json files into --json/--plot and print the table")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: "encoder:L", in a fresh process
     args = parser.parse_args()
 
@@ -165,13 +183,22 @@ def main() -> None:
         name, length = args.memory_of.split(":")
         print(json.dumps(memory_mb(name, int(length), args)))
         return
+    for out in (args.json, args.plot):
+        if out is not None and not out.parent.is_dir():
+            parser.error(f"output directory {out.parent} does not exist")
+    if args.from_json:
+        missing = [str(path) for path in args.from_json if not path.is_file()]
+        if missing:
+            parser.error(f"no such file: {', '.join(missing)}")
+        result = merge(args.from_json)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        report(result, args.plot)
+        return
     if args.lengths != sorted(set(args.lengths)) or min(args.lengths) < 2:
         parser.error("--lengths must be increasing, distinct and at least 2")
     if args.repeats < 1 or args.batch < 1 or args.dim < 1:
         parser.error("--repeats, --batch and --dim must be positive")
-    for out in (args.json, args.plot):
-        if out is not None and not out.parent.is_dir():
-            parser.error(f"output directory {out.parent} does not exist")
     if args.memory_limit_gb is None and args.device == "cpu":
         args.memory_limit_gb = round(0.85 * memory_available_gb(), 1) or None
 
@@ -206,11 +233,15 @@ def main() -> None:
             for n in mb), flush=True)
         if args.json:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.plot)
+
+
+def report(result: dict, plot_path: Path | None) -> None:
     print(markdown(result))
     for name, why in result["stopped"].items():
         print(f"{name}: not run at longer lengths ({why})")
-    if args.plot:
-        plot(result, args.plot)
+    if plot_path:
+        plot(result, plot_path)
 
 
 if __name__ == "__main__":

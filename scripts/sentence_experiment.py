@@ -90,7 +90,8 @@ def main() -> None:
         sys.exit(f"error: {exc}")
     summary = summarize(config, results, args.reference or args.archs[0])
     summary["runs"] = [{"run": r["run"], "arch": r["arch"], "seed": r["seed"], "fold": r["fold"],
-                        "metrics": r["metrics"], "num_updates": r["num_updates"],
+                        "metrics": r["metrics"], "max_update": r["max_update"],
+                        "best_checkpoint_updates": r["num_updates"],
                         "num_params_without_embeddings": r["num_params_without_embeddings"],
                         "train_words_per_second": r["train_words_per_second"]} for r in results]
     (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -50,3 +50,28 @@ def test_bad_lengths_and_missing_output_directory(tmp_path):
     assert proc.returncode != 0 and "--lengths must be increasing" in proc.stderr
     proc = run("--lengths", "4", "--json", str(tmp_path / "missing" / "b.json"))
     assert proc.returncode != 0 and "does not exist" in proc.stderr
+
+
+def test_from_json_merges_runs_without_measuring(tmp_path):
+    def row(length, names):
+        return {"L": length, "ms": {n: 10.0 * length for n in names}, "mb": {n: 1.0 * length for n in names}}
+
+    short = {"settings": "cpu A", "encoders": ["mtsa_encoder", "disan_encoder"], "stopped": {},
+             "rows": [row(16, ["mtsa_encoder", "disan_encoder"]), row(512, ["mtsa_encoder", "disan_encoder"])]}
+    long = {"settings": "cpu B", "encoders": ["mtsa_encoder"], "stopped": {"mtsa_encoder": "out of memory at L = 2048"},
+            "rows": [row(16, ["mtsa_encoder"]), row(1024, ["mtsa_encoder"])]}
+    paths = [tmp_path / "short.json", tmp_path / "long.json"]
+    for path, result in zip(paths, (short, long)):
+        path.write_text(json.dumps(result))
+    out = tmp_path / "merged.json"
+    proc = run("--from-json", *map(str, paths), "--json", str(out), "--plot", str(tmp_path / "merged.png"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    merged = json.loads(out.read_text())
+    assert [r["L"] for r in merged["rows"]] == [16, 512, 1024]
+    assert merged["rows"][0] == long["rows"][0]  # the later file's row for a length measured twice
+    assert merged["encoders"] == ["mtsa_encoder", "disan_encoder"]
+    assert merged["settings"] == "L = 16, 512: cpu A; L = 16, 1024: cpu B"
+    assert "| 1024 | 10240.0 | — |" in proc.stdout and "out of memory at L = 2048" in proc.stdout
+    assert (tmp_path / "merged.png").stat().st_size > 0
+    missing = run("--from-json", str(tmp_path / "none.json"))
+    assert missing.returncode != 0 and "no such file" in missing.stderr

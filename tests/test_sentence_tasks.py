@@ -186,6 +186,7 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
     report = json.loads((tmp_path / "exp" / "report.json").read_text())
     assert set(report["archs"]) == {"mtsa_encoder", "multi_cnn_encoder"}
     assert report["archs"]["mtsa_encoder"]["seeds"] == [1, 2]
+    assert all(r["max_update"] == 10 and r["best_checkpoint_updates"] in (5, 10) for r in report["runs"])
     assert {r["run"] for r in report["runs"]} == {f"{a}_seed{s}" for a in ("mtsa_encoder", "multi_cnn_encoder")
                                                    for s in (1, 2)}
     test = report["welch_vs_reference"]["multi_cnn_encoder"]

@@ -21,6 +21,7 @@ import json
 import statistics
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ENCODERS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
@@ -130,7 +131,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set(xscale="log", yscale="log", xlabel="sequence length L", title=title)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8, loc="upper left")
-    fig.suptitle(result["settings"], fontsize=9)
+    fig.suptitle(textwrap.fill(result["settings"], 160), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

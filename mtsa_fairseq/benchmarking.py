@@ -15,8 +15,20 @@ import torch
 PROC_STATUS = Path("/proc/self/status")
 
 
+def _proc_kb(path: Path, field: str) -> int:
+    return int(re.search(rf"^{field}:\s+(\d+)", path.read_text(), re.MULTILINE).group(1))
+
+
 def _status_kb(field: str) -> int:
-    return int(re.search(rf"{field}:\s+(\d+)", PROC_STATUS.read_text()).group(1))
+    return _proc_kb(PROC_STATUS, field)
+
+
+def memory_available_gib() -> float:
+    """``MemAvailable`` of Linux's ``/proc/meminfo`` in GiB (0 where it cannot be read)."""
+    try:
+        return _proc_kb(Path("/proc/meminfo"), "MemAvailable") / 2**20
+    except (OSError, AttributeError):
+        return 0.0
 
 
 def can_measure(device: str) -> bool:

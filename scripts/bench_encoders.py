@@ -51,16 +51,6 @@ def _inputs(batch: int, length: int, dim: int, device: str):
     return torch.randn(batch, length, dim, device=device, generator=torch.Generator(device).manual_seed(length))
 
 
-def memory_available_gb() -> float:
-    """``MemAvailable`` of ``/proc/meminfo`` in GiB (0 where it cannot be read)."""
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return 0.0
-    kb = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("MemAvailable:")), 0)
-    return kb / 2**20
-
-
 def memory_mb(name: str, length: int, args: argparse.Namespace) -> float | str:
     """Peak memory growth of one pass (MiB), or ``"OOM"`` when the allocation fails."""
     import torch
@@ -93,16 +83,13 @@ def times_ms(models: dict, length: int, args: argparse.Namespace, warmup: bool) 
 
 
 def markdown(result: dict) -> str:
-    names = result["encoders"]
-    header = ["L"] + [f"{n.removesuffix('_encoder')} ms" for n in names]
-    lines = [result["settings"], "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in result["rows"]:
-        lines.append("| " + " | ".join([str(r["L"])] + [_cell(r["ms"].get(n), ".1f", r["mb"].get(n)) for n in names])
-                     + " |")
-    header = ["L"] + [f"{n.removesuffix('_encoder')} MB" for n in names]
-    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in result["rows"]:
-        lines.append("| " + " | ".join([str(r["L"])] + [_cell(r["mb"].get(n), ".0f") for n in names]) + " |")
+    names, lines = result["encoders"], [result["settings"]]
+    for key, unit, spec in (("ms", "ms", ".1f"), ("mb", "MB", ".0f")):
+        header = ["L"] + [f"{n.removesuffix('_encoder')} {unit}" for n in names]
+        lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in result["rows"]:
+            cells = [str(r["L"])] + [_cell(r[key].get(n), spec, r["mb"].get(n)) for n in names]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -176,7 +163,7 @@ def main() -> None:
 
     import torch
 
-    from mtsa_fairseq.benchmarking import can_measure, device_name
+    from mtsa_fairseq.benchmarking import can_measure, device_name, memory_available_gib
 
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
@@ -201,7 +188,7 @@ def main() -> None:
     if args.repeats < 1 or args.batch < 1 or args.dim < 1:
         parser.error("--repeats, --batch and --dim must be positive")
     if args.memory_limit_gb is None and args.device == "cpu":
-        args.memory_limit_gb = round(0.85 * memory_available_gb(), 1) or None
+        args.memory_limit_gb = round(0.85 * memory_available_gib(), 1) or None
 
     torch.manual_seed(0)
     models = {name: build(name, args.dim).to(args.device).train() for name in args.encoders}

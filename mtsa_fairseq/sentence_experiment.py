@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -41,6 +42,20 @@ CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 METRICS = ("accuracy", "pearson")
 # set per run by the driver
 RUN_OPTIONS = ("arch", "seed", "save-dir", "cv-fold", "user-dir", "task")
+# fairseq's simple-format validation line: "... | valid on 'valid' subset | ... | accuracy 54.9 | ... | num_updates 300"
+_VALID_LINE = re.compile(r"\| valid on 'valid' subset \|(.*)$", re.MULTILINE)
+_FIELD = re.compile(r"\| ([a-z_]+) ([-+0-9.eE]+|nan|inf)(?= \||$)")
+
+
+def dev_curve(log_text: str, metric: str) -> list[list[float]]:
+    """``[[updates, dev metric], ...]`` from the validation lines of a fairseq-train log (simple or tqdm
+    format), in update order; a validation logged twice (a resumed run repeats its last one) counts once."""
+    points: dict[int, float] = {}
+    for match in _VALID_LINE.finditer(log_text):
+        fields = dict(_FIELD.findall("| " + match.group(1).strip()))
+        if metric in fields and "num_updates" in fields:
+            points[int(float(fields["num_updates"]))] = float(fields[metric])
+    return [[u, points[u]] for u in sorted(points)]
 
 
 class ExperimentError(ValueError):
@@ -141,9 +156,11 @@ def _execute(command: list[str], log_path: Path, threads: int | None) -> tuple[i
 
 
 def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
-            threads: int | None, cpu: bool, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) one run and evaluate its best checkpoint; returns (and writes) the result. A run
-    finished with a smaller update budget trains on from its last checkpoint to the new one."""
+            threads: int | None, cpu: bool, log: Callable[[str], None] = print,
+            split: str | None = None) -> dict[str, Any]:
+    """Train (or resume) one run and evaluate its best checkpoint on ``split`` (default: test, or the held-out
+    fold for cross-validation data); returns (and writes) the result with the run's dev curve. A run finished
+    with a smaller update budget trains on from its last checkpoint to the new one."""
     from .sentence_eval import evaluate
 
     result_path = run.result_path(out)
@@ -169,10 +186,12 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
     best = run_dir / "checkpoint_best.pt"
     if not best.is_file():
         raise ExperimentError(f"{run.key}: no {best} (did validation run? check validate-interval-updates)")
-    split = "valid" if run.fold is not None else "test"
+    split = split or ("valid" if run.fold is not None else "test")
     result = evaluate(best, split, data, run.fold)
-    wps = mean_train_wps((run_dir / "train.log").read_text(encoding="utf-8"))
+    log_text = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+    wps = mean_train_wps(log_text)
     result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget,
+                  dev_curve=dev_curve(log_text, config.metric),
                   train_seconds_this_session=round(seconds, 1),
                   train_words_per_second=None if wps is None else round(wps, 1))
     result_path.parent.mkdir(parents=True, exist_ok=True)

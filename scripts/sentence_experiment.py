@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory (runs/, results/, report.*)")
     parser.add_argument("--reference", help="architecture tested against the others (default: the first)")
     parser.add_argument("--max-update", type=int, help="update budget per run (default: the config's)")
+    parser.add_argument("--split", choices=("test", "valid"),
+                        help="split the best-dev checkpoint is evaluated on (default: test; CV data: the held-out "
+                             "fold); valid keeps a protocol search off the test data")
     parser.add_argument("--cpu", action="store_true", help="train on CPU")
     parser.add_argument("--threads", type=int, help="OMP/MKL threads per training process")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
@@ -81,7 +84,7 @@ def main() -> None:
     extra = shlex.split(args.extra_args)
 
     def one(run):
-        return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu)
+        return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)
 
     try:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
@@ -93,7 +96,8 @@ def main() -> None:
                         "metrics": r["metrics"], "max_update": r["max_update"],
                         "best_checkpoint_updates": r["num_updates"],
                         "num_params_without_embeddings": r["num_params_without_embeddings"],
-                        "train_words_per_second": r["train_words_per_second"]} for r in results]
+                        "train_words_per_second": r["train_words_per_second"], "split": r["split"],
+                        "dev_curve": r.get("dev_curve")} for r in results]
     (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "report.md").write_text(report_markdown(summary))
     print(report_markdown(summary))

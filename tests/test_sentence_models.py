@@ -154,6 +154,12 @@ def test_normal_oov_init_and_vector_file_errors(tmp_path):
     torch.manual_seed(0)
     emb = WordEmbedding(words, 4000, 4, 8, None, "normal")
     assert abs(emb.trainable.std().item() - 1.0) < 0.02 and abs(emb.trainable.mean().item()) < 0.02
+    kim = WordEmbedding(words, 4000, 4, 8, None, "uniform", oov_scale=0.25).trainable
+    assert kim.abs().max() <= 0.25 and abs(kim.std().item() - 0.25 / 3 ** 0.5) < 0.005
+    assert WordEmbedding(words, 4000, 4, 8, None, "uniform").trainable.abs().max() <= 0.05
+    assert abs(WordEmbedding(words, 4000, 4, 8, None, "normal", oov_scale=0.3).trainable.std().item() - 0.3) < 0.01
+    with pytest.raises(ValueError, match="oov_scale"):
+        WordEmbedding(words, 4, 4, 8, None, "normal", oov_scale=0.0)
     bad = tmp_path / "bad.txt"
     bad.write_text("cat 1 2 3\n")
     with pytest.raises(ValueError, match="bad.txt:1: expected a word and 4 numbers"):

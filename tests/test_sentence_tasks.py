@@ -18,7 +18,7 @@ from mtsa_fairseq.train_config import options_to_args, parse_fairseq_train
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
 BIN = Path(sys.executable).parent
-CONFIGS = sorted((ROOT / "configs" / "sentence").glob("*.yaml"))
+CONFIGS = sorted((ROOT / "configs" / "sentence").rglob("*.yaml"))
 TINY = ["--embed-dim", "16", "--encoder-hidden-dim", "8", "--classifier-hidden-dim", "8", "--cpu", "--num-workers", "0",
         "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "10", "--disable-validation"]
 COARSE = {"ABBR": "abbreviation", "DESC": "how", "ENTY": "what", "HUM": "who", "LOC": "where", "NUM": "when"}
@@ -243,3 +243,15 @@ def test_sst_phrase_training_on_real_trees(tmp_path):
     save = train(data, tmp_path / "run", "mtsa_encoder", "--classifier-no-output-bias", updates=4)
     result = evaluate(save / "checkpoint_last.pt", tmp_path / "test.json")
     assert result["dataset"] == "sst5" and result["num_examples"] == 40 and set(result["predictions"]) <= set(range(5))
+
+
+def test_dev_curve_reads_fairseq_validation_lines_once_per_update():
+    from mtsa_fairseq.sentence_experiment import dev_curve
+
+    line = ("2026-11-22 20:30:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | loss 2.104 | l2 0.5 | "
+            "accuracy {a} | wps 1234.5 | wpb 300 | bsz 32 | num_updates {u} | best_accuracy {a}")
+    log = "\n".join([line.format(e=1, a=54.9, u=300), "2026-11-22 | INFO | train_inner | accuracy 99 | num_updates 310",
+                     line.format(e=2, a=61.5, u=600), "$ fairseq-train (resumed)", line.format(e=2, a=61.5, u=600),
+                     line.format(e=3, a=60.0, u=900)])
+    assert dev_curve(log, "accuracy") == [[300, 54.9], [600, 61.5], [900, 60.0]]
+    assert dev_curve(log, "pearson") == []

@@ -139,6 +139,9 @@ class SentenceEncoderModel(BaseFairseqModel):
         parser.add_argument("--oov-init", choices=OOV_INITS,
                             help="training words without a pretrained vector: uniform U(-0.05, 0.05) (SNLI) "
                                  "or normal N(0, 1) (SST); reference 3.1")
+        parser.add_argument("--oov-init-scale", type=float, metavar="A",
+                            help="scale of --oov-init: U(-A, A) or N(0, A^2) (default 0.05 uniform, 1 normal, "
+                                 "the authors'); e.g. 0.25 for Kim (2014)'s CNN-rand U(-0.25, 0.25)")
         parser.add_argument("--encoder-hidden-dim", type=int, metavar="N",
                             help="MTSA: hn (split over heads); Bi-LSTM: units per direction; Multi-CNN: filters "
                                  "per window; Hrchy-CNN: layer width; multi-head: units per head")
@@ -171,7 +174,7 @@ class SentenceEncoderModel(BaseFairseqModel):
         if args.embedding_path:
             vectors = read_vectors(args.embedding_path, set(words[dictionary.nspecial:]), args.embed_dim)
         embedding = WordEmbedding(words, task.num_train_words, dictionary.nspecial, args.embed_dim, vectors,
-                                  args.oov_init, dictionary.pad())
+                                  args.oov_init, dictionary.pad(), args.oov_init_scale)
         encoder = build_encoder(args)
         width = encoder.output_dim
         kind = task.kind
@@ -212,6 +215,7 @@ def sentence_encoder_base(args: argparse.Namespace) -> None:
     args.embed_dim = getattr(args, "embed_dim", None) or 300
     args.embedding_path = getattr(args, "embedding_path", None)
     args.oov_init = getattr(args, "oov_init", None) or "uniform"
+    args.oov_init_scale = getattr(args, "oov_init_scale", None)
     args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
     args.encoder_heads = getattr(args, "encoder_heads", None) or 2
     args.encoder_layers = getattr(args, "encoder_layers", None) or 1

@@ -6,7 +6,8 @@ split, then the words that occur only in the other splits. The authors' embeddin
 
 * special rows (pad, unk, ...): constant zeros;
 * training words: a **trainable** matrix, initialised from the pretrained vectors where the word has
-  one, otherwise U(-0.05, 0.05) (SNLI) or N(0, 1) (SST) - the task's ``oov_init``;
+  one, otherwise U(-0.05, 0.05) (SNLI) or N(0, 1) (SST) - the task's ``oov_init`` (its scale can be
+  changed for random-init protocols, e.g. Kim (2014)'s U(-0.25, 0.25));
 * words seen only outside training: **constant** pretrained vectors, or zeros (= ``<unk>``) without one.
 
 Without a vectors file every training word is out of vocabulary, which is the random-init setting.
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 
 logger = logging.getLogger(__name__)
 OOV_INITS = ("uniform", "normal")
+OOV_INIT_SCALES = {"uniform": 0.05, "normal": 1.0}  # the authors': U(-0.05, 0.05) (SNLI), N(0, 1) (SST)
 
 
 def _open_text(path: Path):
@@ -69,15 +71,20 @@ class WordEmbedding(nn.Module):
         num_train_words: training-vocabulary size (rows after the specials).
         first_word: index of the first training word (fairseq's ``Dictionary.nspecial``, 4).
         dim: embedding width. vectors: optional pretrained ``word -> [dim]`` map (:func:`read_vectors`).
-        oov_init: ``"uniform"`` U(-0.05, 0.05) or ``"normal"`` N(0, 1) for training words without a vector.
+        oov_init: ``"uniform"`` U(-a, a) or ``"normal"`` N(0, a^2) for training words without a vector.
+        oov_scale: ``a``; default :data:`OOV_INIT_SCALES` (0.05 uniform, 1 normal, as the authors).
         padding_idx: the pad row (kept zero; listed for fairseq's utilities).
     """
 
     def __init__(self, words: list[str], num_train_words: int, first_word: int, dim: int,
-                 vectors: dict[str, Tensor] | None = None, oov_init: str = "uniform", padding_idx: int = 1):
+                 vectors: dict[str, Tensor] | None = None, oov_init: str = "uniform", padding_idx: int = 1,
+                 oov_scale: float | None = None):
         super().__init__()
         if oov_init not in OOV_INITS:
             raise ValueError(f"oov_init must be one of {OOV_INITS}, got {oov_init!r}")
+        scale = OOV_INIT_SCALES[oov_init] if oov_scale is None else oov_scale
+        if not scale > 0:
+            raise ValueError(f"oov_scale must be positive, got {oov_scale!r}")
         if first_word + num_train_words > len(words):
             raise ValueError(f"{num_train_words} training words after {first_word} specials do not fit a "
                              f"dictionary of {len(words)} symbols")
@@ -85,9 +92,9 @@ class WordEmbedding(nn.Module):
         vectors = vectors or {}
         head, train, tail = (torch.zeros(b - a, dim) for a, b in _spans(len(words), first_word, num_train_words))
         if oov_init == "uniform":
-            nn.init.uniform_(train, -0.05, 0.05)
+            nn.init.uniform_(train, -scale, scale)
         else:
-            nn.init.normal_(train)
+            nn.init.normal_(train, std=scale)
         for row, (a, b) in zip((train, tail), list(_spans(len(words), first_word, num_train_words))[1:]):
             for offset, word in enumerate(words[a:b]):
                 if word in vectors:

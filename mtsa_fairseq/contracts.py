@@ -1,14 +1,24 @@
-"""The JSON files the pipeline's scripts exchange: schema names and one checked reader.
+"""The files the pipeline's stages exchange: schema names, one checked JSON reader, one text line reader, and one
+YAML reader.
 
 ``manifest.json`` (``scripts/prepare_data.py``), ``run.json`` (``scripts/train_seeds.py``) and result files
 (``scripts/score.py``) each carry a ``schema`` key naming their layout and version.
+
+Text files (corpora, references, hypotheses) are read line by line with :func:`iter_lines` at every stage, so
+that data preparation, scoring and significance tests see the same lines: UTF-8 (a file that is not is refused,
+naming the line), plain or gzip-compressed, lines ending at ``\\n`` only.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+import yaml
 
 MANIFEST_SCHEMA = "mtsa-fairseq.data.v1"
 RUN_SCHEMA = "mtsa-fairseq.run.v1"
@@ -27,3 +37,93 @@ def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dic
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise error(f"{what} {path} has schema {found!r}, expected {schema!r}")
     return data
+
+
+# ------------------------------------------------------------------------------------------------ text
+
+
+def open_binary(path: Path) -> BinaryIO:
+    """Open ``path`` for reading bytes, decompressing gzip (recognised by its magic bytes, whatever the name)."""
+    with open(path, "rb") as f:
+        is_gzip = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if is_gzip else open(path, "rb")
+
+
+def _utf8(data: bytes, path: Path, line: int, error: type[Exception]) -> str:
+    """``data`` (starting at line ``line`` of ``path``) decoded; invalid UTF-8 raises ``error`` naming its line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line += data.count(b"\n", 0, exc.start)
+        raise error(f"{path}:{line}: not valid UTF-8") from None
+
+
+def iter_lines(path: Path, error: type[Exception] = ValueError) -> Iterator[str]:
+    """The lines of a UTF-8 text file, plain or gzip, without their ``\\n``.
+
+    Lines end at ``\\n`` only: a ``\\r`` (also one before the ``\\n``) or U+2028 stays in its line, and a last line
+    without ``\\n`` counts. A byte-order mark at the start of the file is removed. A line that is not valid UTF-8
+    raises ``error`` with ``FILE:LINE: not valid UTF-8``, a file that cannot be read ``error`` naming it.
+    """
+    try:
+        with open_binary(path) as f:
+            for number, raw in enumerate(f, 1):
+                text = _utf8(raw.removesuffix(b"\n"), path, number, error)
+                yield text.removeprefix("\ufeff") if number == 1 else text
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error, EOFError: a damaged or truncated gzip file
+        raise error(f"cannot read {path}: {exc}") from exc
+
+
+def read_lines(path: Path, error: type[Exception] = ValueError) -> list[str]:
+    """All lines of ``path`` as :func:`iter_lines` yields them."""
+    return list(iter_lines(path, error))
+
+
+# ------------------------------------------------------------------------------------------------ YAML
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping gives the same key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a repeated key (keys merged in with ``<<`` may be overridden)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    repeated = key in first
+                except TypeError:  # an unhashable key, which the SafeLoader refuses
+                    continue
+                if repeated:
+                    raise _DuplicateKey(f"key {key!r} given twice (lines {first[key]} and {line})")
+                first[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(path: Path) -> Any:
+    """Parse a UTF-8 YAML file as ``yaml.safe_load`` does, but refuse a mapping that repeats a key.
+
+    A repeated key, a syntax error or bytes that are not UTF-8 raise ValueError naming the file and line(s).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    text = _utf8(data, path, 1, ValueError)
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:
+        context = f"{exc.context} (line {exc.context_mark.line + 1}): " if exc.context and exc.context_mark else ""
+        raise ValueError(f"{path}:{exc.problem_mark.line + 1}: not valid YAML: {context}{exc.problem}") from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ValueError(f"{path}:{line}: not valid YAML: unacceptable character #x{exc.character:04x}: "
+                         f"{exc.reason}") from None

@@ -3,10 +3,11 @@
 Used by ``scripts/prepare_data.py``; writes the prepared data directory (``manifest.json``, ``bin/``,
 ``spm.model``, ``raw/``) described by :func:`build_manifest`.
 
-Reading. Inputs are UTF-8 text, plain or gzip-compressed (recognised by their magic bytes, whatever the
-file name). Lines end at ``\\n`` only: a stray ``\\r`` or U+2028 inside a line does not split it, so the
-line counts checked for alignment are the ones every later step sees. Bytes that are not UTF-8 become
-U+FFFD.
+Reading (:func:`mtsa_fairseq.contracts.iter_lines`, as scoring reads the references). Inputs are UTF-8 text,
+plain or gzip-compressed (recognised by their magic bytes, whatever the file name). Lines end at ``\\n`` only:
+a stray ``\\r`` or U+2028 inside a line does not split it, so the line counts checked for alignment are the
+ones every later step sees. A byte-order mark at the start of a file is removed. A file with a line that is
+not valid UTF-8 is refused (``FILE:LINE: not valid UTF-8``) by the validation, before anything is written.
 
 Normalisation (:func:`normalize`), applied to both sides of every split before sentencepiece:
 
@@ -30,7 +31,6 @@ empty test line stays an empty line.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -48,7 +48,7 @@ from typing import TextIO
 import sentencepiece as spm
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 
-from .contracts import MANIFEST_SCHEMA
+from .contracts import MANIFEST_SCHEMA, iter_lines, open_binary
 
 NORMALIZATIONS = ("nfkc", "nfc", "none")
 MODEL_TYPES = ("unigram", "bpe")
@@ -146,41 +146,9 @@ def filter_reason(src_len: int, tgt_len: int, max_tokens: int, max_ratio: float 
 # ------------------------------------------------------------------------------------------ reading
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
-def open_binary(path: Path):
-    """Open ``path`` for reading bytes, decompressing gzip."""
-    return gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")
-
-
-def open_text(path: Path) -> TextIO:
-    """Open ``path`` as UTF-8 text (gzip or plain) with lines ending at ``\\n`` only."""
-    if _is_gzip(path):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
-    return open(path, encoding="utf-8", errors="replace", newline="\n")
-
-
-def iter_lines(path: Path) -> Iterator[str]:
-    """The lines of ``path`` without their ``\\n``."""
-    with open_text(path) as f:
-        for line in f:
-            yield line[:-1] if line.endswith("\n") else line
-
-
 def count_lines(path: Path) -> int:
-    """Number of lines as :func:`iter_lines` yields them (a last line without ``\\n`` counts)."""
-    n, last = 0, b"\n"
-    try:
-        with open_binary(path) as f:
-            while block := f.read(1 << 20):
-                n += block.count(b"\n")
-                last = block[-1:]
-    except (OSError, EOFError) as e:
-        raise DataError(f"cannot read {path}: {e}") from e
-    return n + (last != b"\n")
+    """Number of lines as :func:`iter_lines` yields them; a line that is not UTF-8 raises DataError naming it."""
+    return sum(1 for _ in iter_lines(path, DataError))
 
 
 def check_pair(src: Path, tgt: Path, what: str) -> int:
@@ -282,7 +250,7 @@ def normalize_train(corpora: list[Corpus], form: str, out: tuple[Path, Path], va
         train_files = [stack.enter_context(_open_out(p)) for p in out]
         valid_files = [stack.enter_context(_open_out(p)) for p in valid_out or ()]
         for corpus in corpora:
-            for raw_src, raw_tgt in zip(iter_lines(corpus.src), iter_lines(corpus.tgt)):
+            for raw_src, raw_tgt in zip(iter_lines(corpus.src, DataError), iter_lines(corpus.tgt, DataError)):
                 index += 1
                 if index % _PROGRESS_EVERY == 0:
                     log(f"[prepare] normalised {index:,} training pairs")
@@ -304,7 +272,7 @@ def normalize_train(corpora: list[Corpus], form: str, out: tuple[Path, Path], va
 def normalize_file(src: Path, dst: Path, form: str) -> None:
     """Normalise every line of ``src`` into ``dst``; no line is dropped."""
     with _open_out(dst) as f:
-        for line in iter_lines(src):
+        for line in iter_lines(src, DataError):
             f.write(normalize(line, form) + "\n")
 
 

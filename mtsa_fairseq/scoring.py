@@ -2,7 +2,8 @@
 
 ``scripts/score.py`` runs ``fairseq-generate`` on one test subset, orders the ``H-<id>`` hypotheses by
 sentence id, decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data) and
-scores them against the untouched reference file. Every value is corpus BLEU with one reference,
+scores them against the untouched reference file (its lines as data preparation counted them, see
+:func:`mtsa_fairseq.contracts.iter_lines`). Every value is corpus BLEU with one reference,
 case-sensitive:
 
 ``sacrebleu``
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, RUN_SCHEMA, read_json
+from .contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, RUN_SCHEMA, read_json, read_lines
 
 METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
 
@@ -43,16 +44,6 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 
 class ScoringError(ValueError):
     """Bad input for scoring: the message is one line naming the problem."""
-
-
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file split on ``\\n`` only (a final newline ends the last line)."""
-    text = Path(path).read_text(encoding="utf-8")
-    if not text:
-        return []
-    if text.endswith("\n"):
-        text = text[:-1]
-    return text.split("\n")
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
@@ -232,10 +223,13 @@ def inputs_from_manifest(data_dir: Path, manifest: dict[str, Any], test_name: st
 
 
 def read_references(path: Path, expected_lines: int | None = None) -> list[str]:
-    """The reference lines; the file must exist, be non-empty and match ``expected_lines`` when given."""
+    """The reference lines, read as data preparation read them (:func:`mtsa_fairseq.contracts.iter_lines`).
+
+    The file must exist, be valid UTF-8, be non-empty and match ``expected_lines`` when given.
+    """
     if not Path(path).is_file():
         raise ScoringError(f"reference file not found: {path}")
-    refs = read_lines(path)
+    refs = read_lines(path, ScoringError)
     if not refs:
         raise ScoringError(f"reference file is empty: {path}")
     if expected_lines is not None and len(refs) != expected_lines:

@@ -32,7 +32,8 @@ SUBJ have only ``train``: the class files in label order, folds as in :func:`ass
 
 Reading: UTF-8, a line that is not valid UTF-8 read as Latin-1; TREC files are Latin-1. Lines end at ``\\n``
 (a ``\\r`` before it is removed). Blank lines are skipped in the structured formats (trees, TREC, SICK, JSON
-lines); in the one-sentence-per-line files (CR, MPQA, SUBJ) they are empty examples.
+lines); in the one-sentence-per-line files (CR, MPQA, SUBJ) they are empty examples. An input file with nothing
+but blank lines is an error.
 
 Dropped examples, counted by reason in the manifest: an example with no tokens on a side (``empty``; training
 split only, elsewhere it is an error), SST-2 neutral phrases and sentences (``neutral``), SNLI/MultiNLI pairs
@@ -108,6 +109,8 @@ _SPLIT_CHARS = re.compile("([-/~\"'\u2010-\u2015\u2018\u2019\u201c\u201d])")
 _EDGE_PUNCTUATION = frozenset(".,!?;:()")
 _SICK_COLUMNS = ("sentence_A", "sentence_B", "relatedness_score")
 _NLI_FIELDS = ("sentence1_binary_parse", "sentence2_binary_parse", "gold_label")
+_UNITS = {**dict.fromkeys(("sst5", "sst2"), "trees"), "trec": "questions",
+          **dict.fromkeys(CLASS_FILES, "sentences"), **dict.fromkeys(("sick", "snli", "mnli"), "sentence pairs")}
 
 
 @dataclass
@@ -232,7 +235,7 @@ def input_files(cfg: SentenceDataConfig) -> dict[str, list[Path]]:
 # ------------------------------------------------------------------------------------------- reading
 
 
-def read_lines(path: Path, latin1: bool = False) -> Iterator[tuple[int, str]]:
+def numbered_lines(path: Path, latin1: bool = False) -> Iterator[tuple[int, str]]:
     """``(line number from 1, text)`` for each line of ``path``, its ``\\n`` or ``\\r\\n`` removed.
 
     UTF-8, with a line that is not valid UTF-8 decoded as Latin-1; every line Latin-1 with ``latin1``. A byte-order
@@ -252,7 +255,7 @@ def _records(path: Path, limit: int | None, skip_blank: bool = True, latin1: boo
              skip_first: bool = False) -> Iterator[tuple[int, str]]:
     """The first ``limit`` records (lines) of ``path``, blank lines skipped when ``skip_blank``."""
     count = 0
-    for number, text in read_lines(path, latin1):
+    for number, text in numbered_lines(path, latin1):
         if (skip_first and number == 1) or (skip_blank and not text.strip()):
             continue
         if limit is not None and count >= limit:
@@ -385,7 +388,7 @@ def tokenize_sick(sentence: str, lowercase: bool = True) -> list[str]:
 
 def read_sick(path: Path, lowercase: bool, limit: int | None) -> list[Example]:
     """SICK TSV with a header naming sentence_A, sentence_B and relatedness_score; the label is the score."""
-    header = next(read_lines(path), (1, ""))[1].split("\t")
+    header = next(numbered_lines(path), (1, ""))[1].split("\t")
     missing = [c for c in _SICK_COLUMNS if c not in header]
     if missing:
         raise DataError(f"{path}:1: the header line has no column {', '.join(missing)}")
@@ -449,8 +452,8 @@ def _check(examples: list[Example], train: bool, dropped: Counter[str]) -> list[
 
 def _read_file(cfg: SentenceDataConfig, path: Path, train: bool, dropped: Counter[str],
                label: int = 0) -> list[Example]:
-    if not path.stat().st_size:
-        raise DataError(f"empty file: {path}")
+    if not any(text.strip() for _, text in numbered_lines(path)):
+        raise DataError(f"{path}: no {_UNITS[cfg.dataset]} (the file is empty or blank)")
     lowercase, limit = not cfg.keep_case, cfg.max_examples
     if cfg.dataset in ("sst5", "sst2"):
         examples = read_sst(path, train, cfg.dataset == "sst2", lowercase, limit, dropped)

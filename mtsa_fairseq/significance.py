@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .contracts import RESULT_SCHEMA, read_json
-from .scoring import METRICS, read_lines
+from .contracts import RESULT_SCHEMA, read_json, read_lines
+from .scoring import METRICS
 
 TESTS = ("welch", "student")
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}
@@ -81,8 +81,9 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
         files[key] = file
     cache = {} if ref_cache is None else ref_cache
     if files["references"] not in cache:
-        cache[files["references"]] = read_lines(files["references"])
-    hyps, refs, n = read_lines(files["hypotheses"]), cache[files["references"]], data["num_sentences"]
+        cache[files["references"]] = read_lines(files["references"], SignificanceError)
+    hyps, refs = read_lines(files["hypotheses"], SignificanceError), cache[files["references"]]
+    n = data["num_sentences"]
     if not len(hyps) == len(refs) == n:
         raise SignificanceError(
             f"{path}: hypotheses have {len(hyps)} lines, references {len(refs)}, num_sentences is {n}"

@@ -4,7 +4,8 @@ A config holds the run's identity (``name`` = file stem, ``system``, ``setup``),
 (``hardware``), how to pick the checkpoint to score (``average_last``), an optional training-only length
 filter (``train_max_length``, t2t's ``max_length``) and the ``fairseq`` options: ``key: value`` becomes
 ``--key value``, ``true`` a bare flag, ``false``/``null`` nothing, and a list ``--key v1 v2 ...``.
-Every option name and value is checked against ``fairseq-train``'s own parser with the plugin loaded.
+Every option name and value is checked against ``fairseq-train``'s own parser with the plugin loaded. A key
+given twice in one mapping is an error (:func:`mtsa_fairseq.contracts.load_yaml`), not a silent override.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .contracts import load_yaml
 
 USER_DIR = str(Path(__file__).resolve().parent)
 SYSTEMS = ("transformer", "mtsa")
@@ -176,9 +177,9 @@ def load_config(path: str | Path) -> TrainConfig:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raw = load_yaml(path)
+    except ValueError as err:  # names the file and line: a syntax error, a repeated key, not UTF-8
+        raise ConfigError(str(err)) from None
     return config_from_dict(raw, path)
 
 

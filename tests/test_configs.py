@@ -1,5 +1,6 @@
 """The training configs in configs/: structure, fairseq-train's parser, and the numbers of reference 1.4."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ from fairseq import optim
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.optim import lr_scheduler
 
+from mtsa_fairseq.contracts import load_yaml
 from mtsa_fairseq.train_config import (
     ConfigError,
     check_with_fairseq,
@@ -169,6 +171,34 @@ def test_bad_fairseq_option_fails_naming_it(tmp_path, line, message):
     config = load_config(_write(tmp_path, TINY.format(name="tiny") + line))
     with pytest.raises(ConfigError, match=message):
         check_with_fairseq(config)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("average_last: 2\n", "key 'average_last' given twice (lines 6 and 11)"),
+    ("  lr: 0.1\n  max-update: 20\n", "key 'max-update' given twice (lines 10 and 12)"),
+])
+def test_duplicate_key_is_refused(tmp_path, extra, message):
+    path = _write(tmp_path, TINY.format(name="tiny") + extra)
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {message}")):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a:\n  b: 1\n  c:\n    - {d: 1, e: 2, d: 3}\n", ": key 'd' given twice (lines 4 and 4)"),
+    ("a: 1\nb: [1, 2\n", ":3: not valid YAML: while parsing a flow sequence (line 2): expected ',' or ']'"),
+    ("a: 1\nb: 2\x00\n", ":2: not valid YAML: unacceptable character #x0000"),
+    ("a: 1\nb: Stra\xdfe\n".encode("latin-1"), ":2: not valid UTF-8"),
+])
+def test_load_yaml_names_file_and_line(tmp_path, text, message):
+    path = tmp_path / "x.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=re.escape(f"{path}{message}")):
+        load_yaml(path)
+
+
+def test_load_yaml_allows_merge_keys_to_be_overridden(tmp_path):
+    path = _write(tmp_path, "base: &b {lr: 1, seed: 2}\nrun:\n  <<: *b\n  lr: 3\n")
+    assert load_yaml(path) == {"base": {"lr": 1, "seed": 2}, "run": {"lr": 3, "seed": 2}}
 
 
 def test_missing_config_file(tmp_path):

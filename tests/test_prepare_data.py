@@ -11,6 +11,7 @@ import pytest
 import sentencepiece as spm
 from fairseq.data import Dictionary, data_utils
 
+from mtsa_fairseq import scoring
 from mtsa_fairseq.data_prep import (
     Corpus,
     DataError,
@@ -77,6 +78,13 @@ def test_lines_end_at_newline_only(tmp_path):
     assert [normalize(line) for line in iter_lines(path)] == ["a b", "c d", "", "last"]
 
 
+def test_bom_and_missing_final_newline(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes("\ufeffa\ufeffb\r\nc".encode())
+    assert count_lines(path) == 2
+    assert list(iter_lines(path)) == ["a\ufeffb\r", "c"]  # only the byte-order mark at the start goes
+
+
 def test_gzip_input_is_read_like_plain_text(tmp_path):
     data = b"eins\nzwei\r\n\ndrei\n"
     plain, packed, unsuffixed = tmp_path / "x.txt", tmp_path / "x.txt.gz", tmp_path / "y"
@@ -88,6 +96,17 @@ def test_gzip_input_is_read_like_plain_text(tmp_path):
         assert list(iter_lines(path)) == list(iter_lines(plain)) == ["eins", "zwei\r", "", "drei"]
     copy_decompressed(packed, tmp_path / "copy")
     assert (tmp_path / "copy").read_bytes() == data
+
+
+def test_damaged_gzip_is_a_data_error(tmp_path):
+    packed = gzip.compress("".join(f"zeile {k}\n" for k in range(5000)).encode())
+    truncated, corrupt = tmp_path / "t.gz", tmp_path / "c.gz"
+    truncated.write_bytes(packed[:-20])
+    corrupt.write_bytes(packed[:40] + bytes(b ^ 0x55 for b in packed[40:60]) + packed[60:])
+    with pytest.raises(DataError, match=f"cannot read {truncated}: Compressed file ended"):
+        count_lines(truncated)
+    with pytest.raises(DataError, match=f"cannot read {corrupt}: Error -3 while decompressing data"):
+        count_lines(corrupt)
 
 
 def test_check_pair_names_files_and_counts(tmp_path):
@@ -180,7 +199,28 @@ def _existing(raw: Path) -> str:
     return f"--out {raw.parent / 'out'} exists and is not empty; pass --overwrite to replace it"
 
 
-@pytest.mark.parametrize("make_bad", [_misaligned, _empty, _existing])
+def _not_utf8(path: Path, line: int, compress: bool = False) -> str:
+    lines = path.read_bytes().split(b"\n")
+    lines[line - 1] += b" gr\xfc\xdfe"  # Latin-1
+    data = b"\n".join(lines)
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return f"{path}:{line}: not valid UTF-8"
+
+
+def _not_utf8_train_gzip(raw: Path) -> str:
+    return _not_utf8(raw / "train.en", 7, compress=True)  # gzip, recognised by content
+
+
+def _not_utf8_valid(raw: Path) -> str:
+    return _not_utf8(raw / "valid.de", 2)
+
+
+def _not_utf8_test(raw: Path) -> str:
+    return _not_utf8(raw / "test.de", 5)
+
+
+@pytest.mark.parametrize("make_bad", [_misaligned, _empty, _existing, _not_utf8_train_gzip, _not_utf8_valid,
+                                      _not_utf8_test])
 def test_bad_input_exits_with_one_line_and_writes_nothing(toy, make_bad):
     raw = toy / "raw"
     message = make_bad(raw)
@@ -207,7 +247,7 @@ def prepared(tmp_path_factory):
     append(raw / "valid.en", "", LONG)  # valid/test are never filtered
     append(raw / "valid.de", "", LONG)
     append(raw / "test.en", "\ufeff the  dog\tsees\x00 the cat \r", "", LONG)
-    append(raw / "test.de", "der hund die katze sieht", "", LONG)
+    append(raw / "test.de", "der hund die\rkatze sieht", "", LONG)  # a stray CR does not end a line
     for lang in ("en", "de"):  # the second test set comes compressed
         (raw / f"test1.{lang}.gz").write_bytes(gzip.compress((raw / f"test1.{lang}").read_bytes()))
     out = root / "out"
@@ -247,6 +287,14 @@ def test_raw_test_text_is_kept_untouched(prepared):
     raw, out, _ = prepared
     assert (out / "raw" / "toy2016.en").read_bytes() == (raw / "test.en").read_bytes()
     assert (out / "raw" / "toy2017.de").read_bytes() == (raw / "test1.de").read_bytes()  # decompressed
+
+
+def test_scoring_reads_the_references_as_prepare_counted_them(prepared):
+    _, out, _ = prepared
+    tests = json.loads((out / "manifest.json").read_text())["tests"]
+    refs = {name: scoring.read_references(out / t["reference"], t["lines"]) for name, t in tests.items()}
+    assert [len(r) for r in refs.values()] == [23, 20]
+    assert refs["toy2016"][-3] == "der hund die\rkatze sieht"
 
 
 def test_encoded_test_source_decodes_to_the_normalised_text(prepared):

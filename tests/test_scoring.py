@@ -14,6 +14,7 @@ from sacremoses import MosesTokenizer
 
 import mtsa_fairseq
 from mtsa_fairseq import scoring
+from mtsa_fairseq.data_prep import count_lines
 from mtsa_fairseq.toy_corpus import write_corpus
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "score.py"
@@ -200,6 +201,28 @@ def test_score_prepared_dir_and_run_dir(trained, tmp_path):
     assert result["checkpoint"] == str((root / "ckpt/checkpoint_last.pt").resolve())
 
 
+def test_stray_carriage_return_in_a_reference_line(trained, tmp_path):
+    root = trained
+    lines = scoring.read_lines(root / "raw/test.de")
+    reference = tmp_path / "ref.de"
+    reference.write_bytes("".join(line.replace(" ", "\r", 1) + "\n" for line in lines).encode())
+    data = tmp_path / "prepared"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({
+        "schema": "mtsa-fairseq.data.v1", "source_lang": "en", "target_lang": "de", "data_bin": str(root / "bin"),
+        "spm_model": None, "tests": {"toy": {"subset": "test", "lines": count_lines(reference),
+                                             "reference": str(reference)}},
+    }))
+    out = tmp_path / "toy.json"
+    proc = score("--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--data", str(data), "--test", "toy",
+                 "--out", str(out), "--cpu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["num_sentences"] == 20
+    hyps = scoring.read_lines(Path(result["hypotheses"]))
+    assert result["bleu"] == scoring.bleu_scores(hyps, lines, "de")  # BLEU takes the CR for a space
+
+
 def test_missing_checkpoint_is_an_error(trained, tmp_path):
     out = tmp_path / "r.json"
     proc = score("--checkpoint", str(tmp_path / "nope.pt"), "--data-bin", str(trained / "bin"), "--reference",
@@ -209,7 +232,8 @@ def test_missing_checkpoint_is_an_error(trained, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("case", ["exists", "empty_reference", "missing_reference", "unknown_test"])
+@pytest.mark.parametrize("case", ["exists", "empty_reference", "missing_reference", "not_utf8_reference",
+                                  "unknown_test"])
 def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
     root = trained
     out = tmp_path / "r.json"
@@ -225,6 +249,10 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
     elif case == "missing_reference":
         reference = tmp_path / "missing.de"
         message = "reference file not found"
+    elif case == "not_utf8_reference":
+        reference = tmp_path / "latin1.de"
+        reference.write_bytes("der hund\ndie Stra\u00dfe\n".encode("latin-1"))
+        message = f"{reference}:2: not valid UTF-8"
     if case == "unknown_test":
         (tmp_path / "manifest.json").write_text(json.dumps({
             "schema": "mtsa-fairseq.data.v1", "data_bin": str(root / "bin"), "spm_model": None,

@@ -396,9 +396,36 @@ def test_missing_and_empty_input_files(tmp_path):
     with pytest.raises(DataError, match=r"file not found: .*TREC_10\.label"):
         run("trec", tmp_path / "out", input=root)
     write(root / "TREC_10.label", "")
-    with pytest.raises(DataError, match=r"empty file: .*TREC_10\.label"):
+    with pytest.raises(DataError, match=r"TREC_10\.label: no questions \(the file is empty or blank\)"):
         run("trec", tmp_path / "out", input=root)
     assert not (tmp_path / "out").exists() and hidden(tmp_path) == []
+
+
+def test_blank_trec_file_is_refused_before_the_holdout(tmp_path):
+    root = trec_dir(tmp_path / "in", train=b" \n\n\t \r\n")
+    proc = run_script("trec", "--input", root, "--out", tmp_path / "out", "--valid-fraction", "0.1")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {root / 'train_5500.label'}: no questions (the file is empty or blank)")
+    assert not (tmp_path / "out").exists() and hidden(tmp_path) == []
+
+
+@pytest.mark.parametrize("dataset, name, unit", [
+    ("sst5", "dev.txt", "trees"),
+    ("cr", "custrev.pos", "sentences"),  # the other class file has sentences
+    ("sick", "SICK_trial.txt", "sentence pairs"),
+    ("snli", "snli_1.0_test.jsonl", "sentence pairs"),
+])
+def test_blank_input_file_is_refused(tmp_path, dataset, name, unit):
+    root = tmp_path / "in"
+    sst_dir(root)
+    sick_dir(root, [])
+    write(root / "custrev.neg", b"".join(f"bad thing {k}\n".encode() for k in range(12)))
+    for nli in ("snli_1.0_train.jsonl", "snli_1.0_dev.jsonl", "snli_1.0_test.jsonl"):
+        write(root / nli, nli_record("a b", "c d", "neutral") + "\n")
+    write(root / name, "\ufeff \n\n")
+    with pytest.raises(DataError, match=re.escape(f"{root / name}: no {unit} (the file is empty or blank)")):
+        run(dataset, tmp_path / "out", input=root)
 
 
 def test_existing_output_directory(tmp_path):

@@ -4,6 +4,7 @@ Use as ``fairseq-train --user-dir <path to this package> --arch transformer_mtsa
 or ``fairseq-train DATA --user-dir ... --task sentence_encoding --arch mtsa_encoder ...`` (sentence encoders).
 """
 
+from . import quiet_imports  # noqa: F401  (before anything imports fairseq)
 from .checkpoint_safety import allow_fairseq_checkpoints
 from .criterions import sentence_encoding as _criterion  # noqa: F401  (registers the criterion)
 from .models import sentence_encoder, transformer_mtsa  # noqa: F401  (registers the models)

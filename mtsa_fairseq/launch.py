@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from .checkpoint_average import (
     save_checkpoint,
 )
 from .contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json
+from .processes import LockBusy, RunLock, run_logged
 from .train_config import (
     LAUNCHER_OPTIONS,
     USER_DIR,
@@ -374,10 +374,16 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
     config_root = Path(save_root).absolute() / config.name
     view = None
     train_data = source.data_bin
-    if config.train_max_length is not None:
+    if namespace.task == "translation":  # the binarised subsets fairseq will look for, checked now
         src, tgt = _language_pair(source.data_bin, namespace.train_subset, source.source_lang or namespace.source_lang,
                                   source.target_lang or namespace.target_lang)
         _shards(source.data_bin, namespace.train_subset, src, tgt)
+        if not namespace.disable_validation:
+            for subset in namespace.valid_subset.split(","):
+                _shards(source.data_bin, subset, src, tgt)
+    if config.train_max_length is not None:
+        src, tgt = _language_pair(source.data_bin, namespace.train_subset, source.source_lang or namespace.source_lang,
+                                  source.target_lang or namespace.target_lang)
         view = TrainView(source.data_bin.resolve(), config_root / f"train-maxlen{config.train_max_length}",
                          namespace.train_subset, src, tgt, config.train_max_length)
         view.check_reusable()
@@ -559,35 +565,6 @@ def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = p
 # ---------------------------------------------------------------------------------------------- execute
 
 
-def _tee(command: list[str], env: dict[str, str], log_path: Path) -> tuple[int, float, str]:
-    """Run ``command``, copying its output to stdout and (appending) to ``log_path``.
-
-    Returns the exit status, the peak resident set in MB of the largest process of its tree
-    (``ru_maxrss`` of the waited-for child and its descendants) and the output of this session."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, **env}, start_new_session=True)
-    lines = []
-    try:
-        with open(log_path, "a") as log:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                log.write(line)
-                log.flush()
-                lines.append(line)
-        _, status, usage = os.wait4(proc.pid, 0)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        raise
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss / 1024, "".join(lines)
-
-
 def sbatch_script(plan_: Plan, run: SeedRun, train_seeds: Path) -> str:
     """The sbatch script of one seed: record start, ``srun fairseq-train``, record finish."""
     python = shlex.quote(sys.executable)
@@ -644,10 +621,11 @@ def execute(plan_: Plan, train_seeds: Path, dry_run: bool = False, log: Callable
         elif plan_.options.node_rank > 0:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             log(f"seed {run.seed}: node {plan_.options.node_rank} joining: {shlex.join(run.command)}")
-            returncode, _, _ = _tee(run.command, plan_.env, run.run_dir / run.log_name)
+            with _lock_run(run.run_dir, f".lock.node{plan_.options.node_rank}") as lock:  # node 0 holds .lock
+                returncode, _, _ = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock)
             failed += returncode != 0
         else:
-            failed += _train(plan_, run, previous, log)
+            failed += _train(plan_, run, log)
     return failed
 
 
@@ -677,8 +655,27 @@ def _write_slurm(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, tra
     return 0
 
 
-def _train(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Callable[[str], None]) -> int:
+def _lock_run(run_dir: Path, name: str = ".lock") -> RunLock:
+    """The run directory's lock, held (a live holder, e.g. a trainer left by a killed launcher: LaunchError)."""
+    try:
+        return RunLock(run_dir / name, f"run {run_dir}").acquire()
+    except LockBusy as err:
+        raise LaunchError(str(err)) from None
+
+
+def _train(plan_: Plan, run: SeedRun, log: Callable[[str], None]) -> int:
+    """Train one seed while holding its run directory's lock."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    with _lock_run(run.run_dir) as lock:
+        previous = read_run(run.run_dir)  # read again under the lock: another launcher may have finished it
+        if is_done(previous, run.record["max_update"]):
+            log(f"seed {run.seed}: done ({previous['num_updates']} updates), skipped")
+            return 0
+        return _train_locked(plan_, run, previous, lock, log)
+
+
+def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lock: RunLock,
+                  log: Callable[[str], None]) -> int:
     resumed_from = checkpoint_updates(run.run_dir / "checkpoint_last.pt") or 0
     previous = previous or {}
     record = {**run.record, "status": "running", "resumed_from_updates": resumed_from,
@@ -691,7 +688,7 @@ def _train(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Call
     log(f"seed {run.seed}: {what}: {shlex.join(run.command)}")
     start = time.monotonic()
     try:
-        returncode, peak_mb, output = _tee(run.command, plan_.env, run.run_dir / run.log_name)
+        returncode, peak_mb, output = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock)
     except BaseException:
         write_run(run.run_dir, {**record, "status": "interrupted",
                                 "wall_seconds": record["wall_seconds"] + time.monotonic() - start})

@@ -21,10 +21,8 @@ against each other one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from .contracts import load_yaml
 from .launch import LaunchError, find_executable, mean_train_wps
+from .processes import LockBusy, RunLock, run_logged
 from .significance import SignificanceError, t_test
 from .train_config import USER_DIR, options_to_args
 
@@ -81,7 +80,10 @@ def load_task_config(path: str | Path) -> TaskConfig:
     path = Path(path)
     if not path.is_file():
         raise ExperimentError(f"config not found: {path}")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        raw = load_yaml(path)
+    except ValueError as err:  # names the file and line: a syntax error, a repeated key, not UTF-8
+        raise ExperimentError(str(err)) from None
     if not isinstance(raw, dict):
         raise ExperimentError(f"{path}: a config must be a YAML mapping")
     missing = [k for k in CONFIG_KEYS if k not in raw]
@@ -142,16 +144,12 @@ def train_command(config: TaskConfig, run: Run, data: Path, out: Path, max_updat
     return command + options_to_args(options) + extra
 
 
-def _execute(command: list[str], log_path: Path, threads: int | None) -> tuple[int, float]:
-    env = dict(os.environ)
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+def _execute(command: list[str], log_path: Path, threads: int | None, lock: RunLock) -> tuple[int, float]:
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
     start = time.time()
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(command)}\n")
-        log.flush()
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    code, _, _ = run_logged(command, log_path, env, lock, echo=False)
     return code, time.time() - start
 
 
@@ -160,7 +158,21 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
             split: str | None = None) -> dict[str, Any]:
     """Train (or resume) one run and evaluate its best checkpoint on ``split`` (default: test, or the held-out
     fold for cross-validation data); returns (and writes) the result with the run's dev curve. A run finished
-    with a smaller update budget trains on from its last checkpoint to the new one."""
+    with a smaller update budget trains on from its last checkpoint to the new one. The run directory's lock
+    is held throughout: a run still trained by another live process is refused, naming it."""
+    run_dir = run.run_dir(out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = RunLock(run_dir / ".lock", f"run {run_dir}").acquire()
+    except LockBusy as err:
+        raise ExperimentError(str(err)) from None
+    with lock:
+        return _run_locked(config, run, data, out, max_update, extra, threads, cpu, log, split, lock)
+
+
+def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
+                threads: int | None, cpu: bool, log: Callable[[str], None], split: str | None,
+                lock: RunLock) -> dict[str, Any]:
     from .sentence_eval import evaluate
 
     result_path = run.result_path(out)
@@ -180,7 +192,7 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
     except LaunchError as exc:
         raise ExperimentError(str(exc)) from exc
     log(f"[experiment] {run.key}: training -> {run_dir}")
-    code, seconds = _execute(command, run_dir / "train.log", threads)
+    code, seconds = _execute(command, run_dir / "train.log", threads, lock)
     if code != 0:
         raise ExperimentError(f"{run.key}: fairseq-train failed with exit code {code} (see {run_dir / 'train.log'})")
     best = run_dir / "checkpoint_best.pt"
@@ -236,7 +248,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
     metric, ref = summary["metric"], summary["reference"]
     f = ".2f" if metric == "accuracy" else ".4f"
-    lines = [f"### {summary['experiment']}: test {metric} (mean ± sd over seeds; Welch's t-test of {ref} vs each)",
+    lines = [f"### {summary['experiment']}: {summary.get('split', 'test')} {metric} of the best-dev checkpoints "
+             f"(mean ± sd over seeds; Welch's t-test of {ref} vs each)",
              "", f"| architecture | seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | p (two-sided) | "
              f"p ({ref} > it) |", "|---|---|---|---|---|---|---|---|---|"]
     for arch, row in summary["archs"].items():

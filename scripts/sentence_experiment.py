@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mtsa_fairseq.processes import stop_children, terminate_on_sigterm  # noqa: E402
 from mtsa_fairseq.sentence_experiment import (  # noqa: E402
     ExperimentError,
     load_task_config,
@@ -86,12 +87,18 @@ def main() -> None:
     def one(run):
         return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)
 
+    terminate_on_sigterm()
     try:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            results = list(pool.map(one, runs))
+            try:
+                results = list(pool.map(one, runs))
+            except BaseException:
+                stop_children()  # Ctrl-C or kill: the runs of the other threads stop too
+                raise
     except ExperimentError as exc:
         sys.exit(f"error: {exc}")
     summary = summarize(config, results, args.reference or args.archs[0])
+    summary["split"] = args.split or ("held-out fold" if folds else "test")
     summary["runs"] = [{"run": r["run"], "arch": r["arch"], "seed": r["seed"], "fold": r["fold"],
                         "metrics": r["metrics"], "max_update": r["max_update"],
                         "best_checkpoint_updates": r["num_updates"],

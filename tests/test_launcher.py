@@ -13,6 +13,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
+from process_helpers import trainer_list_is, trainers_on, wait_for
 
 from mtsa_fairseq.launch import (
     LaunchError,
@@ -313,6 +314,8 @@ def test_slurm_script(corpus, tmp_path):
 @pytest.mark.parametrize("case, message", [
     ("unknown_config", "does not exist"),
     ("no_dictionary", "has no fairseq dictionary"),
+    ("dictionary_only", "cannot tell the language pair"),
+    ("no_valid", "has no binarised 'valid' subset for en-de"),
     ("repeated_seeds", "seed 2 is given more than once"),
     ("world_size", "world size inconsistent with --launcher local"),
 ])
@@ -324,6 +327,12 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
     elif case == "no_dictionary":
         data = tmp_path / "empty"
         data.mkdir()
+    elif case in ("dictionary_only", "no_valid"):
+        data = tmp_path / "bin"
+        shutil.copytree(corpus / "prepared/bin", data)
+        for path in data.glob("valid.*" if case == "no_valid" else "*.??-??.*"):
+            path.unlink()
+        config.write_text(config.read_text().replace("  disable-validation: true\n", ""))
     elif case == "repeated_seeds":
         seeds = ["1", "2", "2"]
     else:
@@ -361,3 +370,43 @@ def test_dry_run_prints_commands_and_writes_nothing(corpus, tmp_path, capsys):
     assert "would build the length-filtered training data" in out
     assert "effective batch is 2048 tokens per update" in err
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------ one trainer per run directory
+
+
+def start_launcher(config: Path, data: Path, save_root: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts/train_seeds.py"), "--config", str(config), "--data",
+                             str(data), "--save-root", str(save_root), "--seeds", "1", "--threads", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killed_launcher_never_leaves_two_trainers(corpus, tmp_path):
+    config = write_config(tmp_path / "configs", name="long", updates=100_000)
+    run_dir = tmp_path / "runs" / "long" / "seed1"
+    first = start_launcher(config, corpus / "prepared", tmp_path / "runs")
+    wait_for(lambda: (run_dir / "checkpoint_last.pt").is_file(), "the first checkpoint")
+    holders = (run_dir / ".lock").read_text()
+    trainer = int(re.search(r"trainer pid (\d+)", holders).group(1))
+    assert f"launcher pid {first.pid}" in holders and trainer_list_is(run_dir, [trainer])
+    first.kill()  # kill -9 of the launcher: its trainer is told to stop (SIGTERM) and releases the run
+    first.wait()
+    wait_for(lambda: not trainers_on(run_dir), "the orphaned trainer to stop", timeout=60)
+    assert run_json(run_dir)["status"] == "running"  # stale: nobody holds the lock
+
+    second = start_launcher(config, corpus / "prepared", tmp_path / "runs")
+    wait_for(lambda: "Loaded checkpoint" in (run_dir / "train.log").read_text(), "the rerun to resume", timeout=180)
+    assert trainer_list_is(run_dir, wait_for(lambda: trainers_on(run_dir), "the second trainer"))
+    log_before = (run_dir / "train.log").read_text()
+    third = subprocess.run(start_launcher(config, corpus / "prepared", tmp_path / "runs").args, capture_output=True,
+                           text=True, env=ENV, timeout=120)
+    assert third.returncode == 1
+    assert re.fullmatch(rf"error: run {re.escape(str(run_dir))} is in use by launcher pid {second.pid}, trainer pid "
+                        r"\d+; wait for it to finish or stop it, then rerun\n", third.stderr), third.stderr
+    assert len(trainers_on(run_dir)) == 1 and (run_dir / "train.log").read_text().startswith(log_before)
+
+    second.terminate()  # a plain kill: the launcher stops its trainer and records the run as interrupted
+    assert second.wait(timeout=60) != 0
+    wait_for(lambda: not trainers_on(run_dir), "the second trainer to stop", timeout=60)
+    assert run_json(run_dir)["status"] == "interrupted"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from process_helpers import trainers_on, wait_for
 
 from mtsa_fairseq.sentence_experiment import ExperimentError, load_task_config
 from mtsa_fairseq.train_config import options_to_args, parse_fairseq_train
@@ -192,6 +193,8 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
     test = report["welch_vs_reference"]["multi_cnn_encoder"]
     assert "p_two_sided" in test or "error" in test
     assert "| multi_cnn_encoder | 2 |" in (tmp_path / "exp" / "report.md").read_text()
+    assert "test accuracy of the best-dev checkpoints" in (tmp_path / "exp" / "report.md").read_text()
+    assert all([u for u, _ in r["dev_curve"]] == [5, 10] and r["split"] == "test" for r in report["runs"])
     assert first.stdout.count("training ->") == 4
     second = run(*cmd)  # finished runs are skipped
     assert "training ->" not in second.stdout
@@ -255,3 +258,40 @@ def test_dev_curve_reads_fairseq_validation_lines_once_per_update():
                      line.format(e=3, a=60.0, u=900)])
     assert dev_curve(log, "accuracy") == [[300, 54.9], [600, 61.5], [900, 60.0]]
     assert dev_curve(log, "pearson") == []
+
+
+SMALL = ("name: small\ndataset: trec\nmetric: accuracy\ndescription: test\nfairseq:\n  criterion: sentence_encoding\n"
+         "  optimizer: adam\n  lr: 0.005\n  batch-size: 16\n  max-update: {updates}\n  save-interval-updates: 5\n"
+         "  best-checkpoint-metric: accuracy\n  maximize-best-checkpoint-metric: true\n  embed-dim: 16\n"
+         "  encoder-hidden-dim: 8\n  classifier-hidden-dim: 8\n  num-workers: 0\n  log-format: simple\n")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_experiment_never_leaves_two_trainers_on_a_run(trec_data, tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=100_000))
+    out, run_dir = tmp_path / "exp", tmp_path / "exp" / "runs" / "mtsa_encoder" / "seed1"
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+           str(trec_data), "--archs", "mtsa_encoder", "--seeds", "1", "--out", str(out), "--cpu", "--threads", "1"]
+    experiment = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    trainer = wait_for(lambda: trainers_on(run_dir), "the trainer")
+    assert f"launcher pid {experiment.pid}, trainer pid {trainer[0]}" in (run_dir / ".lock").read_text()
+    busy = run(*cmd, check=False)  # a second experiment on the same run is refused, naming the holders
+    assert busy.returncode == 1 and busy.stderr.strip().splitlines()[-1] == (
+        f"error: run {run_dir} is in use by launcher pid {experiment.pid}, trainer pid {trainer[0]}; wait for it to "
+        "finish or stop it, then rerun")
+    assert trainers_on(run_dir) == trainer
+    experiment.kill()  # kill -9: the trainer stops with it
+    experiment.wait()
+    wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=60)
+
+    config.write_text(SMALL.format(updates=10))  # a rerun takes the freed run over and finishes it
+    run(*cmd)
+    assert json.loads((out / "results" / "mtsa_encoder_seed1.json").read_text())["max_update"] == 10
+
+
+def test_task_config_with_a_repeated_key_is_refused(tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=10) + "  lr: 0.01\n")
+    with pytest.raises(ExperimentError, match=r"small.yaml: key 'lr' given twice \(lines 8 and 19\)"):
+        load_task_config(config)

@@ -1,0 +1,36 @@
+"""Helpers for the tests that kill launchers and look for their trainers (Linux: reads /proc)."""
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def trainers_on(run_dir: Path) -> list[int]:
+    """Live fairseq-train processes whose command line names ``run_dir``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and any(a.endswith(b"fairseq-train") for a in cmdline) and str(run_dir).encode() in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+    """The first true value of ``condition()``, polled every 0.2 s for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def trainer_list_is(run_dir: Path, pids: list[int]) -> bool:
+    """Exactly one trainer, ``pids``, works on ``run_dir``."""
+    return len(pids) == 1 and trainers_on(run_dir) == pids

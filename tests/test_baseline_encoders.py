@@ -11,6 +11,7 @@ from mtsa_fairseq.modules.baseline_encoders import (
     MultiHeadEncoder,
     sinusoidal_encoding,
 )
+from mtsa_fairseq.modules.sentence_mtsa import SentenceMTSA
 from mtsa_fairseq.modules.stacked_mtsa import StackedMTSA, StackedMTSALayer
 
 D = 8
@@ -176,3 +177,37 @@ def test_stacked_mtsa_dropout_only_in_training():
     torch.testing.assert_close(model(x), model(x), rtol=0, atol=0)
     model.train()
     assert (model(x) - model(x)).abs().max() > 0
+
+
+def _inputs_of(attn, layers, x):
+    """The inputs each projection of ``attn`` receives in one training forward of ``x``."""
+    seen = {}
+    hooks = [getattr(attn, name).register_forward_hook(
+        lambda module, args, out, name=name: seen.__setitem__(name, args[0].detach().clone())) for name in layers]
+    attn(x)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def test_stacked_mtsa_draws_the_accelerated_paths_dropout_masks():
+    """stacking_mtsa's accelerated path (reference 2.3): one mask on the untiled x shared by q, k, v and every
+    head, one more shared by every head for the source2token layer; the default path draws per head."""
+    torch.manual_seed(3)
+    attn = StackedMTSA(D, num_heads=4, num_layers=1, dense_dropout=0.5).layers[0].attn.train()
+    x = torch.rand(2, 5, D) + 1.0  # no zeros: a zero after dropout is a dropped element
+    seen = _inputs_of(attn, ["v_proj", "q_proj", "k_proj", "s2t"], x)
+    qkv, s2t = seen["v_proj"], seen["s2t"]
+    assert torch.equal(seen["q_proj"], qkv) and torch.equal(seen["k_proj"], qkv)
+    for inputs in (qkv, s2t):
+        assert all(torch.equal(inputs[:, 0], inputs[:, c]) for c in range(1, 4))  # shared by the heads
+        kept = inputs[:, 0] != 0
+        assert torch.allclose(inputs[:, 0][kept], 2 * x[kept]) and 0.3 < kept.float().mean() < 0.7
+    assert not torch.equal(qkv, s2t)  # the source2token layer draws its own mask
+
+    per_head = SentenceMTSA(D, D, num_heads=4, dense_dropout=0.5, attn_input="x", s2t_hidden_layer=False).train()
+    seen = _inputs_of(per_head, ["v_proj", "q_proj"], x)
+    assert not torch.equal(seen["v_proj"][:, 0], seen["v_proj"][:, 1]) and not torch.equal(seen["v_proj"],
+                                                                                          seen["q_proj"])
+    with pytest.raises(ValueError, match="needs attn_input='x'"):
+        SentenceMTSA(D, D, shared_input_dropout=True)

@@ -24,7 +24,10 @@ class SentenceMTSA(nn.Module):
 
     then heads are concatenated, an optional output layer ``act(W^o y + b^o)`` applied, and padded
     rows zeroed. Every dense layer's input gets its own dropout (``dense_dropout``), drawn
-    independently per head. Defaults are the API's (reference 2.1).
+    independently per head (the API's default path, reference 2.2); with ``shared_input_dropout`` the
+    projections of ``x`` draw as the API's accelerated path does (reference 2.3): one mask on the untiled
+    ``x`` shared by q, k, v and every head, and one more, shared by every head, for the source2token layer.
+    Defaults are the API's (reference 2.1).
 
     Args:
         input_dim: ``d_in``. hidden_dim: ``hn`` (split over heads). num_heads: ``head_num``.
@@ -34,6 +37,7 @@ class SentenceMTSA(nn.Module):
         use_fusion_gate, token2token (``"exp"``/``"sigmoid"``), attn_input (``"v"``/``"x"``),
         s2t_hidden_layer (``add_layer_for_multi``), activation (``activation_func_name``),
         activate_v (``apply_act_for_v``), output_dim (``output_hn``): as in the API.
+        shared_input_dropout: the accelerated path's dropout masks (needs ``attn_input="x"``).
     """
 
     def __init__(
@@ -52,6 +56,7 @@ class SentenceMTSA(nn.Module):
         activation_name: str = "relu",
         activate_v: bool = True,
         output_dim: int | None = None,
+        shared_input_dropout: bool = False,
     ):
         super().__init__()
         if hidden_dim % num_heads:
@@ -60,6 +65,10 @@ class SentenceMTSA(nn.Module):
             raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
         if attn_input not in ("v", "x"):
             raise ValueError(f"attn_input must be 'v' or 'x', got {attn_input!r}")
+        if shared_input_dropout and attn_input != "x":
+            raise ValueError("shared_input_dropout is the accelerated path's, which computes q, k and s2t from x: "
+                             "it needs attn_input='x'")
+        self.shared_input_dropout = shared_input_dropout
         self.direction = "bi" if use_direction else None
         head_directions(num_heads, self.direction)
         self.act = activation(activation_name)
@@ -83,17 +92,31 @@ class SentenceMTSA(nn.Module):
     def _dense(self, layer: nn.Module, x: Tensor) -> Tensor:
         return layer(F.dropout(x, self.dense_dropout, self.training))
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """``x [B, L, d_in]``, ``key_padding_mask`` bool ``[B, L]`` (True = pad) -> ``[B, L, d_out]``."""
-        batch, length, _ = x.shape
-        tiled = x[:, None].expand(batch, self.num_heads, length, x.shape[-1])
+    def _tile(self, x: Tensor) -> Tensor:
+        return x[:, None].expand(x.shape[0], self.num_heads, *x.shape[1:])
+
+    def _projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``v, q, k`` and the source2token logits, each ``[B, h, L, d]``, with the configured dropout masks."""
+        if self.shared_input_dropout:  # one mask for q, k, v (all heads), one for the source2token input
+            qkv_in = self._tile(F.dropout(x, self.dense_dropout, self.training))
+            s2t_in = self._tile(F.dropout(x, self.dense_dropout, self.training))
+            v, q, k = self.v_proj(qkv_in), self.q_proj(qkv_in), self.k_proj(qkv_in)
+            t = s2t_in if self.s2t_hidden is None else self.act(self.s2t_hidden(s2t_in))
+            logits = self.s2t(t) if self.s2t_hidden is None else self._dense(self.s2t, t)
+            return (self.act(v) if self.activate_v else v), q, k, logits
+        tiled = self._tile(x)
         v = self._dense(self.v_proj, tiled)
         if self.activate_v:
             v = self.act(v)
         src = tiled if self.attn_input == "x" else v
         q, k = self._dense(self.q_proj, src), self._dense(self.k_proj, src)
         t = src if self.s2t_hidden is None else self.act(self._dense(self.s2t_hidden, src))
-        logits = self._dense(self.s2t, t)
+        return v, q, k, self._dense(self.s2t, t)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, d_in]``, ``key_padding_mask`` bool ``[B, L]`` (True = pad) -> ``[B, L, d_out]``."""
+        batch, length, _ = x.shape
+        v, q, k, logits = self._projections(x)
         e_s = stable_exp(logits, key_padding_mask)
         out = mtsa_core(
             q, k, v, e_s, key_padding_mask=key_padding_mask, direction=self.direction,

@@ -21,7 +21,8 @@ class StackedMTSALayer(nn.Module):
         x = LN(x + dropout(y, dropout))
 
     The accelerated path that ``stacking_mtsa`` runs (reference 2.3) computes q, k and v with one
-    bias-free dense layer, so the value projection here has no bias either.
+    bias-free dense layer, so the value projection here has no bias either, and its dropout masks are that
+    path's: one on ``x`` shared by q, k, v and all heads, one shared by all heads for the source2token layer.
     """
 
     def __init__(self, hidden_dim: int, num_heads: int = 8, dropout: float = 0.2, attn_dropout: float = 0.2,
@@ -37,7 +38,7 @@ class StackedMTSALayer(nn.Module):
             hidden_dim, hidden_dim, num_heads=num_heads, attn_dropout=attn_dropout, dense_dropout=dense_dropout,
             use_direction=use_direction, attn_self=attn_self, use_fusion_gate=False, token2token=token2token,
             attn_input="x", s2t_hidden_layer=False, activation_name=activation_name, activate_v=False,
-            output_dim=hidden_dim,
+            output_dim=hidden_dim, shared_input_dropout=True,
         )
         self.attn.v_proj.bias = None  # fused bias-free q/k/v projection (reference 2.3)
         self.attn_norm = nn.LayerNorm(hidden_dim, eps=LAYER_NORM_EPS)

@@ -90,3 +90,10 @@ def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def progress(done: int, total: int, start: float) -> str:
+    """``[bench 3/7, 2m10s]``: how many of a benchmark's lengths are measured, and since when (``start`` from
+    ``time.monotonic()``); longer sequences take longer, so no ETA is guessed."""
+    seconds = int(time.monotonic() - start)
+    return f"[bench {done}/{total}, {seconds // 60}m{seconds % 60:02d}s]"

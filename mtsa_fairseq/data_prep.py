@@ -40,7 +40,7 @@ import sys
 import tempfile
 import unicodedata
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -49,6 +49,7 @@ import sentencepiece as spm
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 
 from .contracts import MANIFEST_SCHEMA, iter_lines, open_binary
+from .processes import LockBusy, RunLock, child_options, stop_group
 
 NORMALIZATIONS = ("nfkc", "nfc", "none")
 MODEL_TYPES = ("unigram", "bpe")
@@ -368,9 +369,15 @@ def binarize(workdir: Path, source_lang: str, target_lang: str, num_tests: int, 
            "--workers", str(workers)]
     if num_tests:
         cmd += ["--testpref", ",".join(f"work/test{k}" for k in range(num_tests))]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **child_options())
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:
+        stop_group(proc)
+        raise
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        tail = (stderr or stdout).strip().splitlines()[-1:] or ["(no output)"]
         raise DataError(f"fairseq-preprocess failed with exit code {proc.returncode}: {tail[0]}")
 
 
@@ -417,6 +424,27 @@ def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid
 # ------------------------------------------------------------------------------------------- prepare
 
 
+@contextmanager
+def staging_dir(out: Path) -> Iterator[Path]:
+    """A new hidden sibling of ``out`` to build it in (the caller renames it into place; otherwise it is removed).
+
+    A lock on ``out``'s staging is held meanwhile: a second preparation of the same output is refused while one
+    is live, and the temporaries that killed preparations left behind are removed first."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = RunLock(out.parent / f".{out.name}.lock", f"output {out}", "preparation").acquire()
+    except LockBusy as err:
+        raise DataError(str(err)) from None
+    with lock:
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def move_into_place(tmp: Path, out: Path) -> None:
     """Rename the finished temporary directory ``tmp`` to ``out`` (replacing an existing ``out``)."""
     if not out.exists():
@@ -437,9 +465,7 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     counts = validate(cfg)
     src_lang, tgt_lang = cfg.source_lang, cfg.target_lang
     out = cfg.out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staging_dir(out) as tmp:
         work = tmp / "work"
         (tmp / "raw").mkdir()
         work.mkdir()
@@ -496,9 +522,6 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
         shutil.rmtree(work)
         os.chmod(tmp, 0o777 & ~current_umask())
         move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
     log(f"[prepare] train: {stats.lines:,} lines, kept {stats.kept:,}, dropped {stats.lines - stats.kept:,} "
         f"(empty side {stats.dropped_empty:,}, too long {stats.dropped_too_long:,}, "

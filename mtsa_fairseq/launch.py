@@ -37,7 +37,7 @@ from .checkpoint_average import (
     save_checkpoint,
 )
 from .contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json
-from .processes import LockBusy, RunLock, run_logged
+from .processes import LockBusy, RunLock, UpdateProgress, run_logged
 from .train_config import (
     LAUNCHER_OPTIONS,
     USER_DIR,
@@ -655,6 +655,10 @@ def _write_slurm(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, tra
     return 0
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _lock_run(run_dir: Path, name: str = ".lock") -> RunLock:
     """The run directory's lock, held (a live holder, e.g. a trainer left by a killed launcher: LaunchError)."""
     try:
@@ -688,7 +692,10 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
     log(f"seed {run.seed}: {what}: {shlex.join(run.command)}")
     start = time.monotonic()
     try:
-        returncode, peak_mb, output = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock)
+        progress = UpdateProgress(f"{plan_.config.name} seed {run.seed}", record["max_update"], resumed_from,
+                                  write=_to_stderr)
+        returncode, peak_mb, output = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock,
+                                                 on_line=progress)
     except BaseException:
         write_run(run.run_dir, {**record, "status": "interrupted",
                                 "wall_seconds": record["wall_seconds"] + time.monotonic() - start})

@@ -5,7 +5,8 @@
 ``fcntl.flock`` locks belong to the open file, so a child started with the lock's descriptor in
 ``pass_fds`` holds the lock too: it stays held until the launcher *and* every child that inherited it have
 exited, whatever killed them (``kill -9`` included), and the kernel drops it when they are gone, so a lock
-left by a dead process never needs cleaning up. The lock file records who holds it, for the error message.
+left by a dead process never needs cleaning up (its file stays until the next holder releases it). The lock
+file records who holds it, for the error message.
 
 Children are also tied to the launcher's life: :func:`child_options` starts them in a process group of
 their own (so the launcher can stop a trainer's whole tree with ``os.killpg``) and, on Linux, asks the kernel
@@ -19,11 +20,13 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +40,31 @@ class LockBusy(RuntimeError):
 
 
 class RunLock:
-    """An exclusive, non-blocking lock on ``path`` (created if missing; its parent must exist)."""
+    """An exclusive, non-blocking lock on ``path`` (created if missing; its parent must exist) on behalf of
+    ``what`` (named in the busy message), held by a process in the given ``role``."""
 
-    def __init__(self, path: str | Path, what: str):
-        self.path, self.what = Path(path), what
+    def __init__(self, path: str | Path, what: str, role: str = "launcher"):
+        self.path, self.what, self.role = Path(path), what, role
         self.fd: int | None = None
 
     def acquire(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise LockBusy(f"{self.what} is in use by {holder}; wait for it to finish or stop it, then rerun") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise LockBusy(f"{self.what} is in use by {holder}; wait for it to finish or stop it, then rerun") \
+                    from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # a releasing holder removed the file after we opened it: lock the new one
         self.fd = fd
-        self.record_holders(launcher=os.getpid())
+        self.record_holders(**{self.role: os.getpid()})
         return self
 
     def record_holders(self, **pids: int) -> None:
@@ -63,8 +75,10 @@ class RunLock:
         os.pwrite(self.fd, text.encode(), 0)
 
     def release(self) -> None:
+        """Remove the lock file and drop the lock (called once the children that inherited it have exited)."""
         if self.fd is not None:
-            os.close(self.fd)  # other holders (children) keep the lock until they exit
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
             self.fd = None
 
     def __enter__(self) -> RunLock:
@@ -103,9 +117,11 @@ def terminate_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise_terminated)
 
 
-def run_logged(command: list[str], log_path: Path, env: Mapping[str, str] | None = None, lock: RunLock | None = None,
-               echo: bool = True) -> tuple[int, float, str]:
-    """Run ``command`` holding ``lock``, appending its output to ``log_path`` (and to stdout if ``echo``).
+def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str] | None = None,
+               lock: RunLock | None = None, echo: bool = True,
+               on_line: Callable[[str], None] | None = None) -> tuple[int, float, str]:
+    """Run ``command`` holding ``lock``, appending its output to ``log_path`` (if given) and to stdout (if
+    ``echo``), and passing each line to ``on_line`` (e.g. an :class:`UpdateProgress`).
 
     Any exception here (Ctrl-C, :class:`Terminated`) stops the child's whole process group (SIGTERM, then
     SIGKILL after 30 s) before it propagates. Returns the exit status, the peak resident set in MB of the
@@ -117,7 +133,7 @@ def run_logged(command: list[str], log_path: Path, env: Mapping[str, str] | None
     _LIVE.add(proc)
     lines = []
     try:
-        with open(log_path, "a", encoding="utf-8") as log:
+        with open(log_path or os.devnull, "a", encoding="utf-8") as log:
             assert proc.stdout is not None
             for line in proc.stdout:
                 if echo:
@@ -125,6 +141,8 @@ def run_logged(command: list[str], log_path: Path, env: Mapping[str, str] | None
                 log.write(line)
                 log.flush()
                 lines.append(line)
+                if on_line is not None:
+                    on_line(line)
         _, status, usage = os.wait4(proc.pid, 0)
     except BaseException:
         stop_group(proc)
@@ -152,3 +170,43 @@ def stop_children() -> None:
     also end the children that worker threads wait for)."""
     for proc in list(_LIVE):
         stop_group(proc)
+
+
+PROGRESS_PREFIX = "[progress] "
+_NUM_UPDATES = re.compile(r"num_updates[= ](\d+)")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class UpdateProgress:
+    """Reads fairseq-train's output lines and reports, at most every ``every`` seconds and when the budget is
+    reached, ``[progress] LABEL: 150/300 updates (50%), 1m02s elapsed, ETA 1m02s`` (the rate is this
+    session's, so a resumed run's ETA does not count the updates it started with)."""
+
+    def __init__(self, label: str, total: int, done: int = 0, every: float = 30.0,
+                 write: Callable[[str], None] = print):
+        self.label, self.total, self.first, self.done, self.every, self.write = label, total, done, done, every, write
+        self.start = time.monotonic()
+        self.last_report: float | None = None
+
+    def __call__(self, line: str) -> None:
+        found = _NUM_UPDATES.findall(line)
+        if not found:
+            return
+        self.done = int(found[-1])
+        now = time.monotonic()
+        if self.last_report is None or now - self.last_report >= self.every or self.done >= self.total:
+            self.last_report = now
+            self.write(self.line(now))
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.start
+        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
+        eta = _duration((self.total - self.done) / rate) if rate > 0 and self.done < self.total else "-"
+        percent = 100 * self.done / self.total if self.total else 100.0
+        return (f"{PROGRESS_PREFIX}{self.label}: {self.done:,}/{self.total:,} updates ({percent:.0f}%), "
+                f"{_duration(elapsed)} elapsed, ETA {eta}")

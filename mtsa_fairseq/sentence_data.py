@@ -47,9 +47,7 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -60,7 +58,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.data.indexed_dataset import make_builder
 
-from .data_prep import DataError, current_umask, move_into_place
+from .data_prep import DataError, current_umask, move_into_place, staging_dir
 
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 NUM_FOLDS = 10
@@ -621,9 +619,7 @@ def prepare(cfg: SentenceDataConfig, log: Callable[[str], None] = print) -> dict
     _check_out(out, cfg.overwrite)
     splits = load_dataset(cfg)
     vocabulary, num_train_words = build_vocabulary(splits)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staging_dir(out) as tmp:
         write_dictionary(tmp / "dict.txt", vocabulary)
         dictionary = Dictionary.load(str(tmp / "dict.txt"))
         written = {}
@@ -639,9 +635,6 @@ def prepare(cfg: SentenceDataConfig, log: Callable[[str], None] = print) -> dict
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o777 & ~current_umask())
         move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     for name in splits:
         drops = ", ".join(f"{reason} {n:,}" for reason, n in manifest["dropped"][name].items()) or "none"
         log(f"[prepare] {name}: {written[name]:,} examples written (dropped: {drops})")

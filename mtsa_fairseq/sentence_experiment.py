@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from .contracts import load_yaml
-from .launch import LaunchError, find_executable, mean_train_wps
-from .processes import LockBusy, RunLock, run_logged
+from .launch import LaunchError, checkpoint_updates, find_executable, mean_train_wps
+from .processes import LockBusy, RunLock, UpdateProgress, run_logged
 from .significance import SignificanceError, t_test
 from .train_config import USER_DIR, options_to_args
 
@@ -144,22 +144,28 @@ def train_command(config: TaskConfig, run: Run, data: Path, out: Path, max_updat
     return command + options_to_args(options) + extra
 
 
-def _execute(command: list[str], log_path: Path, threads: int | None, lock: RunLock) -> tuple[int, float]:
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _execute(command: list[str], log_path: Path, threads: int | None, lock: RunLock,
+             progress: UpdateProgress) -> tuple[int, float]:
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
     start = time.time()
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(command)}\n")
-    code, _, _ = run_logged(command, log_path, env, lock, echo=False)
+    code, _, _ = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
     return code, time.time() - start
 
 
 def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
-            threads: int | None, cpu: bool, log: Callable[[str], None] = print,
+            threads: int | None, cpu: bool, log: Callable[[str], None] | None = None,
             split: str | None = None) -> dict[str, Any]:
     """Train (or resume) one run and evaluate its best checkpoint on ``split`` (default: test, or the held-out
     fold for cross-validation data); returns (and writes) the result with the run's dev curve. A run finished
     with a smaller update budget trains on from its last checkpoint to the new one. The run directory's lock
     is held throughout: a run still trained by another live process is refused, naming it."""
+    log = log or _say
     run_dir = run.run_dir(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -192,7 +198,9 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
     except LaunchError as exc:
         raise ExperimentError(str(exc)) from exc
     log(f"[experiment] {run.key}: training -> {run_dir}")
-    code, seconds = _execute(command, run_dir / "train.log", threads, lock)
+    done = checkpoint_updates(run_dir / "checkpoint_last.pt") or 0
+    code, seconds = _execute(command, run_dir / "train.log", threads, lock, UpdateProgress(run.key, budget, done,
+                                                                                           write=log))
     if code != 0:
         raise ExperimentError(f"{run.key}: fairseq-train failed with exit code {code} (see {run_dir / 'train.log'})")
     best = run_dir / "checkpoint_best.pt"
@@ -265,3 +273,33 @@ def report_markdown(summary: dict[str, Any]) -> str:
                      f"{test['p_greater']:.3f}")
         lines.append(f"| {arch} | {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | {cells} |")
     return "\n".join(lines) + "\n"
+
+
+def plot_dev_curves(runs: list[dict[str, Any]], metric: str, title: str, path: Path) -> None:
+    """Dev ``metric`` against updates per architecture (PNG): the mean over runs (seeds, or seeds x folds) at
+    each validation step that every run of that architecture reached, and the band from their lowest to
+    their highest value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, list[dict[int, float]]] = {}
+    for run in runs:
+        if run.get("dev_curve"):
+            curves.setdefault(run["arch"], []).append(dict((int(u), v) for u, v in run["dev_curve"]))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for arch, per_run in curves.items():
+        steps = sorted(set.intersection(*(set(c) for c in per_run)))
+        values = np.array([[c[u] for u in steps] for c in per_run])
+        line, = ax.plot(steps, values.mean(axis=0), label=f"{arch.removesuffix('_encoder')} (n = {len(per_run)})")
+        if len(per_run) > 1:
+            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("updates")
+    ax.set_ylabel(f"dev {metric}")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+    plt.close(fig)

@@ -93,8 +93,11 @@ def main() -> None:
 
     import torch
 
+    from mtsa_fairseq.benchmarking import progress
+
     rows = []
-    for length in args.lengths:
+    start = time.monotonic()
+    for done, length in enumerate(args.lengths, 1):
         row = {"L": length}
         for method in args.methods:
             cmd = [sys.executable, __file__, "--one", f"{method}:{length}", "--batch", str(args.batch),
@@ -103,7 +106,8 @@ def main() -> None:
             if proc.returncode != 0:
                 sys.exit(f"{method} at L={length} failed:\n{proc.stderr[-2000:]}")
             row[method] = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"L={length:5d} {method:6s} peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms",
+            print(f"{progress(done, len(args.lengths), start)} L={length:5d} {method:6s} "
+                  f"peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms",
                   flush=True)
         rows.append(row)
 

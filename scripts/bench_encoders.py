@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 ENCODERS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
@@ -163,7 +164,7 @@ def main() -> None:
 
     import torch
 
-    from mtsa_fairseq.benchmarking import can_measure, device_name, memory_available_gib
+    from mtsa_fairseq.benchmarking import can_measure, device_name, memory_available_gib, progress
 
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
@@ -198,6 +199,7 @@ def main() -> None:
                     f"forward+backward, median of {args.repeats}{limit}",
         "encoders": list(args.encoders), "rows": [], "stopped": {},
     }
+    start = time.monotonic()
     for i, length in enumerate(args.lengths):
         mb = {}
         for name in models:
@@ -216,7 +218,7 @@ def main() -> None:
             del models[name]
             result["stopped"][name] = f"a pass took {ms[name] / 1000:.0f} s > {args.max_seconds:g} s at L = {length}"
         result["rows"].append({"L": length, "ms": ms, "mb": mb})
-        print(f"[bench] L={length:5d} " + "  ".join(
+        print(f"{progress(i + 1, len(args.lengths), start)} L={length:5d} " + "  ".join(
             f"{n.removesuffix('_encoder')} " + (OOM if mb[n] == OOM else f"{ms[n]:.0f} ms {mb[n]:.0f} MB")
             for n in mb), flush=True)
         if args.json:

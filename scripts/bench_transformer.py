@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
@@ -204,7 +205,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    from mtsa_fairseq.benchmarking import can_measure, device_name
+    from mtsa_fairseq.benchmarking import can_measure, device_name, progress
 
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
@@ -221,7 +222,8 @@ def main() -> None:
     passthrough = ["--batch", str(args.batch), "--vocab", str(args.vocab), "--device", args.device,
                    "--dtype", args.dtype] + (["--threads", str(args.threads)] if args.threads else [])
     encoder = []
-    for length in args.lengths:
+    start = time.monotonic()
+    for done, length in enumerate(args.lengths, 1):
         ms = encoder_times_ms(models, length, args)
         mb = {}
         for name in MODELS:
@@ -233,7 +235,8 @@ def main() -> None:
         row = {"L": length, "ms": ms, "mb": mb, "time_ratio": ms["mtsa"] / ms["transformer"],
                "memory_ratio": mb["mtsa"] / mb["transformer"]}
         encoder.append(row)
-        print(f"[bench] L={length:5d}  time {ms['transformer']:9.1f} / {ms['mtsa']:9.1f} ms (x{row['time_ratio']:.3f})"
+        print(f"{progress(done, len(args.lengths), start)} L={length:5d}  "
+              f"time {ms['transformer']:9.1f} / {ms['mtsa']:9.1f} ms (x{row['time_ratio']:.3f})"
               f"  peak {mb['transformer']:8.1f} / {mb['mtsa']:8.1f} MB (x{row['memory_ratio']:.3f})", flush=True)
     tok_s = training_throughput(models, args)
     print(f"[bench] training {tok_s['transformer']:.1f} / {tok_s['mtsa']:.1f} target tokens/s", flush=True)

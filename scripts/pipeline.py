@@ -21,13 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from mtsa_fairseq.processes import (
+    PROGRESS_PREFIX,
+    LockBusy,
+    RunLock,
+    run_logged,
+    stop_children,
+    terminate_on_sigterm,
+)
+from mtsa_fairseq.train_config import ConfigError, check_with_fairseq, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -39,21 +47,41 @@ def log(message: str) -> None:
 
 
 def run_script(name: str, *args: str, log_file: Path | None = None, threads: int | None = None) -> None:
-    """Run ``scripts/<name>`` with this interpreter; its output goes to the console or ``log_file``."""
+    """Run ``scripts/<name>`` with this interpreter; its output goes to the console, or to ``log_file`` with only
+    its progress lines on the console. A failure exits with the script's own error line."""
     cmd = [sys.executable, str(SCRIPTS / name), *args]
-    env = None
-    if threads:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    if log_file is None:
-        proc = subprocess.run(cmd, env=env)
-    else:
-        with log_file.open("a") as out:
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
+    if log_file is not None:
+        with log_file.open("a", encoding="utf-8") as out:
             out.write(f"$ {shlex.join(cmd)}\n")
-            out.flush()
-            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
-        where = f" (see {log_file})" if log_file else ""
-        sys.exit(f"error: {name} failed with exit code {proc.returncode}{where}")
+
+    def show_progress(line: str) -> None:
+        if line.startswith(PROGRESS_PREFIX):
+            print(f"[pipeline]   {line[len(PROGRESS_PREFIX):].rstrip()}", flush=True)
+
+    code, _, output = run_logged(cmd, log_file, env, echo=log_file is None,
+                                 on_line=show_progress if log_file is not None else None)
+    if code != 0:
+        errors = [line for line in output.splitlines() if line.startswith("error: ")]
+        reason = errors[-1][len("error: "):] if errors else f"exit code {code}"
+        where = f" (log: {log_file})" if log_file else ""
+        sys.exit(f"error: {name}: {reason}{where}")
+
+
+def check_configs(args: argparse.Namespace) -> None:
+    """Refuse a config that fairseq-train would refuse, before anything is prepared or trained."""
+    for config in (args.baseline_config, args.system_config):
+        try:
+            check_with_fairseq(load_config(config))
+        except ConfigError as err:
+            sys.exit(f"error: {err}")
+
+
+def check_runs(args: argparse.Namespace, data: Path) -> None:
+    """Every check of train_seeds.py (configs, data, options) for both configs before either trains."""
+    for config in (args.baseline_config, args.system_config):
+        run_script("train_seeds.py", *train_seeds_args(args, config, data), "--dry-run",
+                   log_file=args.out / f"train-{config.stem}.log")
 
 
 def prepare(args: argparse.Namespace, data: Path) -> None:
@@ -80,6 +108,16 @@ def prepare(args: argparse.Namespace, data: Path) -> None:
     run_script("prepare_data.py", *prep)
 
 
+def train_seeds_args(args: argparse.Namespace, config: Path, data: Path) -> list[str]:
+    cmd = ["--config", str(config), "--data", str(data), "--seeds", *map(str, args.seeds),
+           "--save-root", str(args.out / "runs")]
+    if args.device == "cpu":
+        cmd.append("--cpu")
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    return cmd + shlex.split(args.train_args)
+
+
 def train(args: argparse.Namespace, data: Path) -> None:
     configs = [args.baseline_config, args.system_config]
     jobs = 2 if args.parallel else 1
@@ -87,19 +125,17 @@ def train(args: argparse.Namespace, data: Path) -> None:
         f"({'both configs at once' if jobs == 2 else 'one run at a time'}); logs in {args.out / 'runs'}")
 
     def one(config: Path) -> None:
-        cmd = ["--config", str(config), "--data", str(data), "--seeds", *map(str, args.seeds),
-               "--save-root", str(args.out / "runs")]
-        if args.device == "cpu":
-            cmd.append("--cpu")
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        cmd += shlex.split(args.train_args)
         start = time.time()
-        run_script("train_seeds.py", *cmd, log_file=args.out / f"train-{config.stem}.log")
+        run_script("train_seeds.py", *train_seeds_args(args, config, data),
+                   log_file=args.out / f"train-{config.stem}.log")
         log(f"  {config.stem}: {len(args.seeds)} runs done in {time.time() - start:.0f} s")
 
     with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(one, configs))
+        try:
+            list(pool.map(one, configs))
+        except BaseException:
+            stop_children()  # the other config's training stops too
+            raise
 
 
 def score(args: argparse.Namespace, data: Path) -> dict[str, list[Path]]:
@@ -174,14 +210,26 @@ def main() -> None:
     if args.vocab_size is None:
         args.vocab_size = 32000 if args.train else 100
 
+    check_configs(args)
     start = time.time()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    terminate_on_sigterm()
+    try:
+        lock = RunLock(args.out / ".lock", f"pipeline output {args.out}", "pipeline").acquire()
+    except LockBusy as err:
+        sys.exit(f"error: {err}")
+    with lock:
+        run_pipeline(args, start)
+
+
+def run_pipeline(args: argparse.Namespace, start: float) -> None:
     data = args.data.resolve() if args.data else args.out / "data"
     log(f"1/4 data -> {data}")
     if not args.data:
         prepare(args, data)
     log("2/4 training")
+    check_runs(args, data)
     train(args, data)
     log("3/4 translating and scoring the test sets")
     results = score(args, data)

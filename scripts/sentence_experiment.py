@@ -7,7 +7,8 @@ Welch's t-test of the reference architecture (default: the first) against each o
       --seeds 1 2 3 --out runs/trec --cpu --max-update 3000
 
 Cross-validation data (CR, MPQA, SUBJ) runs every fold unless --folds is given. Rerunning the command skips
-finished runs, resumes interrupted ones and rewrites OUT/report.md and OUT/report.json.
+finished runs, resumes interrupted ones and rewrites OUT/report.md, OUT/report.json and OUT/dev-curves.png (dev
+metric against updates, per architecture).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mtsa_fairseq.sentence_experiment import (  # noqa: E402
     ExperimentError,
     load_task_config,
     plan_runs,
+    plot_dev_curves,
     report_markdown,
     run_one,
     summarize,
@@ -107,6 +109,8 @@ def main() -> None:
                         "dev_curve": r.get("dev_curve")} for r in results]
     (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "report.md").write_text(report_markdown(summary))
+    plot_dev_curves(summary["runs"], config.metric, f"{config.name}: dev {config.metric} (mean, band: min to max "
+                    "over runs)", out / "dev-curves.png")
     print(report_markdown(summary))
 
 

@@ -2,7 +2,12 @@
 # Set up the environment (scripts/setup_env.sh), then run ruff and the test suite.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/setup_env.sh"
+setup_log="$(mktemp)"
+trap 'rm -f "$setup_log"' EXIT
+bash "$root/scripts/setup_env.sh" 2>&1 | tee "$setup_log"
+if grep -q '^ERROR' "$setup_log"; then  # a setup that worked says nothing alarming
+  echo "[test] the setup printed an ERROR line" >&2; exit 1
+fi
 venv="${MTSA_VENV:-$root/.venv}"
 cd "$root"
 "$venv/bin/ruff" check mtsa_fairseq scripts tests

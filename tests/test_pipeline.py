@@ -1,6 +1,7 @@
 """The one-command pipeline at toy size: raw files -> data -> 2 seeds x 2 configs -> BLEU -> report."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,10 @@ def test_pipeline_writes_every_stage(finished):
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "report.json").read_text())
     assert "4/4 significance report" in proc.stdout
+    for system in ("tiny_transformer", "tiny_mtsa"):  # progress while training, from every run
+        for seed in (1, 2):
+            assert re.search(rf"\[pipeline\]   {system} seed {seed}: 150/150 updates \(100%\), \d+m\d\ds elapsed",
+                             proc.stdout), proc.stdout
 
 
 def test_rerun_reuses_everything(finished):
@@ -85,3 +90,27 @@ def test_bad_input_stops_before_writing(tmp_path, args, message):
     proc = pipeline("--out", str(tmp_path / "out"), *args)
     assert proc.returncode != 0 and message in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_bad_config_is_refused_before_anything_is_written(tmp_path):
+    system = tiny_config(tmp_path, "demo_mtsa")
+    system.write_text(system.read_text().replace("fairseq:\n", "fairseq:\n  lrr: 0.1\n"))
+    proc = pipeline("--out", str(tmp_path / "out"), "--system-config", str(system))
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        f"error: {system}: fairseq option 'lrr': '--lrr' is not a fairseq-train option "
+        f"(arch transformer_mtsa_tiny, with --user-dir {ROOT / 'mtsa_fairseq'})")
+    assert not (tmp_path / "out").exists()
+
+
+def test_config_that_does_not_fit_the_data_is_refused_before_training(tmp_path):
+    write_corpus(tmp_path / "raw", {"train": 200, "valid": 20, "test": 10}, seed=5)
+    raw = {s: [str(tmp_path / "raw" / f"{s}.{lang}") for lang in ("en", "de")] for s in ("train", "valid", "test")}
+    system = tiny_config(tmp_path, "demo_mtsa")
+    system.write_text(system.read_text().replace("fairseq:\n", "fairseq:\n  source-lang: fr\n"))
+    proc = pipeline("--out", str(tmp_path / "out"), "--train", *raw["train"], "--valid", *raw["valid"], "--test",
+                    "toy", *raw["test"], "--vocab-size", "60", "--baseline-config",
+                    str(tiny_config(tmp_path, "demo_transformer")), "--system-config", str(system))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: train_seeds.py: {system}: source-lang 'fr' differs from the data's 'en' (log: ")
+    assert (tmp_path / "out" / "data" / "manifest.json").is_file() and not (tmp_path / "out" / "runs").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 from fairseq.data import Dictionary, data_utils
+from process_helpers import wait_for
 
 from mtsa_fairseq import scoring
 from mtsa_fairseq.data_prep import (
@@ -24,6 +25,7 @@ from mtsa_fairseq.data_prep import (
     iter_lines,
     normalize,
     prepare,
+    staging_dir,
     validate,
 )
 from mtsa_fairseq.toy_corpus import write_corpus
@@ -342,3 +344,46 @@ def test_multi30k(tmp_path):
     assert bin_sizes(out / "bin", "train") == (manifest["train"]["kept"],) * 2
     with gzip.open(d / "test_2017_flickr.de.gz", "rb") as f:
         assert (out / "raw" / "test_2017_flickr.de").read_bytes() == f.read()
+
+
+def preprocess_children(parent: Path) -> list[int]:
+    """Live fairseq-preprocess processes working in a temporary directory of ``parent``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            cwd = os.readlink(proc / "cwd")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"fairseq_cli.preprocess" in cmdline and cwd.startswith(str(parent / ".out.tmp-")) and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killed_preparation_stops_its_child_and_the_rerun_cleans_up(toy):
+    raw = toy / "raw"
+    args = [sys.executable, str(SCRIPT), "--source-lang", "en", "--target-lang", "de", "--train", raw / "train.en",
+            raw / "train.de", "--valid-from-train", "10", "--out", toy / "out", "--vocab-size", "50"]
+    proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    child = wait_for(lambda: preprocess_children(toy), "fairseq-preprocess", timeout=120)
+    assert len(child) == 1
+    proc.kill()  # kill -9 in the middle of fairseq-preprocess
+    proc.wait()
+    wait_for(lambda: not preprocess_children(toy), "fairseq-preprocess to stop with its parent", timeout=60)
+    assert [name for name in leftovers(toy) if name.startswith(".out.tmp-")] and not (toy / "out").exists()
+    rerun = run_script(*args[2:])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert leftovers(toy) == [] and (toy / "out" / "manifest.json").is_file()
+
+
+def test_preparation_of_an_output_being_prepared_is_refused(toy):
+    raw = toy / "raw"
+    with staging_dir(toy / "out"):  # as if another preparation of the same output were running
+        busy = run_script("--source-lang", "en", "--target-lang", "de", "--train", raw / "train.en", raw / "train.de",
+                          "--valid-from-train", "10", "--out", toy / "out", "--vocab-size", "50")
+    assert busy.returncode == 1 and busy.stderr.strip().splitlines()[-1] == (
+        f"error: output {toy / 'out'} is in use by preparation pid {os.getpid()}; wait for it to finish or stop it, "
+        "then rerun")
+    assert leftovers(toy) == []

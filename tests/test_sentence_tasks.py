@@ -195,6 +195,7 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
     assert "| multi_cnn_encoder | 2 |" in (tmp_path / "exp" / "report.md").read_text()
     assert "test accuracy of the best-dev checkpoints" in (tmp_path / "exp" / "report.md").read_text()
     assert all([u for u, _ in r["dev_curve"]] == [5, 10] and r["split"] == "test" for r in report["runs"])
+    assert (tmp_path / "exp" / "dev-curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert first.stdout.count("training ->") == 4
     second = run(*cmd)  # finished runs are skipped
     assert "training ->" not in second.stdout

@@ -1,0 +1,72 @@
+"""mtsa_fairseq.processes: the run lock, children tied to their launcher, progress lines."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mtsa_fairseq.processes import PROGRESS_PREFIX, LockBusy, RunLock, UpdateProgress, run_logged
+
+HOLD = "import sys, time; sys.stdout.write('holding\\n'); sys.stdout.flush(); time.sleep(60)"
+
+
+def test_lock_is_exclusive_names_its_holders_and_is_removed_on_release(tmp_path):
+    path = tmp_path / ".lock"
+    with RunLock(path, "run X") as lock:
+        lock.record_holders(launcher=11, trainer=12)
+        with pytest.raises(LockBusy, match=r"^run X is in use by launcher pid 11, trainer pid 12; wait for it"):
+            RunLock(path, "run X").acquire()
+    assert not path.exists()
+    with RunLock(path, "run X", role="preparation"):
+        assert path.read_text() == f"preparation pid {os.getpid()}\n"
+
+
+def test_a_child_keeps_the_lock_after_its_launcher_let_go_and_frees_it_when_killed(tmp_path):
+    lock = RunLock(tmp_path / ".lock", "run X").acquire()
+    child = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE, text=True, pass_fds=(lock.fd,))
+    assert child.stdout.readline() == "holding\n"
+    os.close(lock.fd)  # the launcher dies without releasing (as with kill -9): the child still holds the lock
+    lock.fd = None
+    with pytest.raises(LockBusy):
+        RunLock(tmp_path / ".lock", "run X").acquire()
+    child.kill()
+    child.wait()
+    RunLock(tmp_path / ".lock", "run X").acquire().release()  # a stale lock file is taken over
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_run_logged_children_die_with_their_launcher(tmp_path):
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from mtsa_fairseq.processes import run_logged; "
+         f"run_logged([sys.executable, '-c', {HOLD!r}], None)"], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout.readline() == "holding\n"
+    child = int(subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()[0])
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 20
+    while os.path.exists(f"/proc/{child}") and "Z" not in open(f"/proc/{child}/stat").read().rsplit(")", 1)[1][:3]:
+        assert time.monotonic() < deadline, "the child outlived its launcher"
+        time.sleep(0.1)
+
+
+def test_run_logged_appends_to_the_log_and_passes_lines_on(tmp_path):
+    log, seen = tmp_path / "train.log", []
+    log.write_text("$ earlier session\n")
+    code, _, output = run_logged([sys.executable, "-c", "print('a'); print('b'); raise SystemExit(3)"], log,
+                                 echo=False, on_line=seen.append)
+    assert code == 3 and output == "a\nb\n" and seen == ["a\n", "b\n"]
+    assert log.read_text() == "$ earlier session\na\nb\n"
+
+
+def test_update_progress_reports_at_most_every_interval_and_at_the_end():
+    lines: list[str] = []
+    progress = UpdateProgress("trec seed 1", 300, done=100, every=3600, write=lines.append)
+    progress("epoch 001 | valid on 'valid' subset | loss 2.3 | num_updates 150 | best_accuracy 37")
+    progress("train_inner | epoch 001: 200 / 154 loss=2.4, num_updates=200, lr=0.5")  # within the interval
+    progress("a line without updates")
+    progress("train | epoch 002 | loss 2.1 | num_updates 300 | lr 0.5")
+    assert len(lines) == 2 and all(line.startswith(PROGRESS_PREFIX) for line in lines)
+    assert lines[0].startswith("[progress] trec seed 1: 150/300 updates (50%), 0m00s elapsed, ETA ")
+    assert lines[1].startswith("[progress] trec seed 1: 300/300 updates (100%), ") and lines[1].endswith("ETA -")

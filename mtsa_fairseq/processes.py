@@ -106,6 +106,8 @@ def child_options(lock: RunLock | None = None) -> dict[str, Any]:
 class Terminated(BaseException):
     """Raised in the main thread when the process receives SIGTERM (see :func:`terminate_on_sigterm`)."""
 
+    exit_code = 128 + signal.SIGTERM
+
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(f"terminated by signal {signum}")
@@ -115,6 +117,18 @@ def terminate_on_sigterm() -> None:
     """Make SIGTERM raise :class:`Terminated` in the main thread (Python's default exits without cleanup)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def run_command(main: Callable[[], None]) -> None:
+    """Run a command's ``main`` so that SIGTERM and Ctrl-C stop its children (the handlers on the way out do)
+    and end it with one line and the shell's exit status for the signal (143, 130) instead of a traceback."""
+    terminate_on_sigterm()
+    try:
+        main()
+    except (KeyboardInterrupt, Terminated) as err:
+        code = err.exit_code if isinstance(err, Terminated) else 128 + signal.SIGINT
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        sys.exit(code)
 
 
 def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str] | None = None,

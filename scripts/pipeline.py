@@ -31,9 +31,9 @@ from mtsa_fairseq.processes import (
     PROGRESS_PREFIX,
     LockBusy,
     RunLock,
+    run_command,
     run_logged,
     stop_children,
-    terminate_on_sigterm,
 )
 from mtsa_fairseq.train_config import ConfigError, check_with_fairseq, load_config
 
@@ -214,7 +214,6 @@ def main() -> None:
     start = time.time()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    terminate_on_sigterm()
     try:
         lock = RunLock(args.out / ".lock", f"pipeline output {args.out}", "pipeline").acquire()
     except LockBusy as err:
@@ -244,4 +243,4 @@ def run_pipeline(args: argparse.Namespace, start: float) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtsa_fairseq.processes import stop_children, terminate_on_sigterm  # noqa: E402
+from mtsa_fairseq.processes import run_command, stop_children  # noqa: E402
 from mtsa_fairseq.sentence_experiment import (  # noqa: E402
     ExperimentError,
     load_task_config,
@@ -89,7 +89,6 @@ def main() -> None:
     def one(run):
         return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)
 
-    terminate_on_sigterm()
     try:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             try:
@@ -115,4 +114,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

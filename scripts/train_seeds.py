@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.launch import LAUNCHERS, LaunchError, LaunchOptions, execute, plan, record_finish, record_start
-from mtsa_fairseq.processes import terminate_on_sigterm
+from mtsa_fairseq.processes import run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    terminate_on_sigterm()  # a plain kill stops the trainer and records the run as interrupted
     try:
         if args.record_start or args.record_finish:
             if args.record_start and args.record_finish:
@@ -85,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -70,3 +70,15 @@ def test_update_progress_reports_at_most_every_interval_and_at_the_end():
     assert len(lines) == 2 and all(line.startswith(PROGRESS_PREFIX) for line in lines)
     assert lines[0].startswith("[progress] trec seed 1: 150/300 updates (50%), 0m00s elapsed, ETA ")
     assert lines[1].startswith("[progress] trec seed 1: 300/300 updates (100%), ") and lines[1].endswith("ETA -")
+
+
+@pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
+def test_commands_end_on_ctrl_c_or_kill_with_one_line(signum, code):
+    script = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "from mtsa_fairseq.processes import run_command; "
+              "run_command(lambda: (print('ready', flush=True), time.sleep(60)))")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code and err == "interrupted: rerun the same command to resume\n"

@@ -252,7 +252,7 @@ def check_with_fairseq(config: TrainConfig, data: str = "DATA") -> argparse.Name
 
 def t2t_learning_rate(step: float, warmup: int, hidden_size: int = 512, constant: float = 2.0) -> float:
     """tensor2tensor's Transformer schedule ``constant * min(1, step/warmup) * rsqrt(max(step, warmup))
-    * hidden_size^-0.5`` (reference 1.4)."""
+    * hidden_size^-0.5`` (docs/reference.md §1.4)."""
     return constant * min(1.0, step / warmup) / math.sqrt(max(step, warmup)) / math.sqrt(hidden_size)
 
 

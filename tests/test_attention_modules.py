@@ -14,7 +14,7 @@ def n_params(module):
     return sum(p.numel() for p in module.parameters())
 
 
-# ---------------------------------------------------------------- NMT MTSA (reference 1)
+# ---------------------------------------------------------------- NMT MTSA (docs/reference.md §1)
 
 
 def test_nmt_parameter_count_matches_paper_shapes():
@@ -29,7 +29,7 @@ def test_nmt_parameter_count_matches_paper_shapes():
 
 
 def nmt_literal(m: MTSAMultiheadAttention, x, pad):
-    """The module's forward spelled out from reference 1.2 with the module's own weights."""
+    """The module's forward spelled out from reference §1.2 with the module's own weights."""
     length, batch, _ = x.shape
     heads = lambda t: t.view(length, batch, m.num_heads, m.head_dim).permute(1, 2, 0, 3)  # noqa: E731
     q, k, v = heads(m.q_proj(x)), heads(m.k_proj(x)), heads(m.v_proj(x))
@@ -201,19 +201,19 @@ def test_causal_module_rejects_what_it_cannot_honour():
         MTSAMultiheadAttention(16, 4)(x, x, x, incremental_state={})
 
 
-# ---------------------------------------------------------------- sentence MTSA (reference 2)
+# ---------------------------------------------------------------- sentence MTSA (reference §2)
 
 
 def test_sentence_parameter_count_snli():
     m = SentenceMTSA(300, 600, num_heads=2, token2token="sigmoid", activation_name="elu")
-    assert n_params(m) == 1_262_400  # reference 3.1 item 7
+    assert n_params(m) == 1_262_400  # reference §3.1 item 7
     assert n_params(SentenceMTSA(300, 600, use_fusion_gate=False, s2t_hidden_layer=False)) == 2 * (
         90_300 + 2 * 90_000 + 90_300
     )
 
 
 def sentence_literal(m: SentenceMTSA, x, pad):
-    """The API's non-accelerated path (reference 2.2), one head at a time, with the API's mask
+    """The API's non-accelerated path (reference §2.2), one head at a time, with the API's mask
     (query and key both real) and the [B, H, L, L, d] feature-wise softmax."""
     act = m.act
     outs = []

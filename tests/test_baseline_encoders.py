@@ -1,4 +1,4 @@
-"""Baseline sentence encoders of the DiSAN paper and the stacked MTSA encoder (reference 2.5)."""
+"""Baseline sentence encoders of the DiSAN paper and the stacked MTSA encoder (docs/reference.md §2.5)."""
 
 import pytest
 import torch
@@ -191,7 +191,7 @@ def _inputs_of(attn, layers, x):
 
 
 def test_stacked_mtsa_draws_the_accelerated_paths_dropout_masks():
-    """stacking_mtsa's accelerated path (reference 2.3): one mask on the untiled x shared by q, k, v and every
+    """stacking_mtsa's accelerated path (reference §2.3): one mask on the untiled x shared by q, k, v and every
     head, one more shared by every head for the source2token layer; the default path draws per head."""
     torch.manual_seed(3)
     attn = StackedMTSA(D, num_heads=4, num_layers=1, dense_dropout=0.5).layers[0].attn.train()

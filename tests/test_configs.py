@@ -1,4 +1,4 @@
-"""The training configs in configs/: structure, fairseq-train's parser, and the numbers of reference 1.4."""
+"""The training configs in configs/: structure, fairseq-train's parser, and the numbers of docs/reference.md §1.4."""
 
 import re
 from pathlib import Path
@@ -23,7 +23,7 @@ from mtsa_fairseq.train_config import (
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
-SETUPS = {  # reference 1.4: warmup, tokens per GPU, GPUs, updates, source2token bias init (MTSA)
+SETUPS = {  # reference §1.4: warmup, tokens per GPU, GPUs, updates, source2token bias init (MTSA)
     "setup1": {"warmup": 16000, "tokens": 2048, "gpus": 1, "updates": 250_000, "bias": 5.0},
     "setup2": {"warmup": 8000, "tokens": 6144, "gpus": 4, "updates": 133_000, "bias": 0.0},
 }

@@ -1,4 +1,4 @@
-"""DiSAN blocks (reference 4): chunked directional attention vs the literal [B, L, L, d] version."""
+"""DiSAN blocks (docs/reference.md §4): chunked directional attention vs the literal [B, L, L, d] version."""
 
 import pytest
 import torch
@@ -108,7 +108,7 @@ def test_block_is_directional_and_padding_invariant(direction):
 
 def test_disan_pooling_ignores_padding_and_parameter_count():
     model = DiSAN(300, activation_name="elu")
-    # reference 4.3: 2 x 451,500 (DiSA blocks) + 721,200 (source2token on 600) in the SNLI model
+    # reference §4.3: 2 x 451,500 (DiSA blocks) + 721,200 (source2token on 600) in the SNLI model
     assert sum(p.numel() for p in model.blocks[0].parameters()) == 451_500
     assert sum(p.numel() for p in model.parameters()) == 2 * 451_500 + 721_200
     small = DiSAN(D, directional=False).double().eval()

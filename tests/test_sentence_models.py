@@ -55,7 +55,7 @@ def non_embedding_params(model: torch.nn.Module) -> int:
 
 
 def test_snli_parameter_counts_match_the_reference():
-    # reference 3.1 step 7 and 4.3: MTSA 1,262,400 + pooling 721,200 + classifier 901,803; DiSAN 2 x 451,500 +
+    # docs/reference.md §3.1 step 7 and §4.3: MTSA 1,262,400 + pooling 721,200 + classifier 901,803; DiSAN 2 x 451,500 +
     # 721,200 + 721,203
     mtsa = build("mtsa_encoder", "pair", 3, classifier_highway=True, encoder_activation="elu")
     assert non_embedding_params(mtsa) == 2_885_403

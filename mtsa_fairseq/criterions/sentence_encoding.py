@@ -1,6 +1,6 @@
 """Loss of the sentence-encoder tasks: the authors' objective plus their L2 term.
 
-Classification (reference 3.1 step 5): mean softmax cross-entropy + ``wd * sum(W^2) / 2`` over the
+Classification (docs/reference.md §3.1 step 5): mean softmax cross-entropy + ``wd * sum(W^2) / 2`` over the
 model's dense/recurrent/convolution weights (not embeddings, not biases). fairseq divides the summed
 loss by the sample size (sentences), so the L2 term is added ``nsentences`` times.
 

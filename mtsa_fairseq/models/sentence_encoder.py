@@ -3,14 +3,14 @@
 ``fairseq-train DATA --user-dir mtsa_fairseq --task sentence_encoding --arch mtsa_encoder ...``. One model
 class, one architecture per encoder; the task's data (``manifest.json``) decides the head:
 
-* single sentence: ``y = W_2 act(W_1 e + b_1) (+ b_2)`` (reference 3.2, 4.4);
+* single sentence: ``y = W_2 act(W_1 e + b_1) (+ b_2)`` (docs/reference.md §3.2, §4.4);
 * pair (SNLI, MultiNLI), separate encoding with shared weights: ``u = [p; h; p - h; p * h]`` ->
-  ``act(W_1 u + b_1)`` -> optional highway layer (MTSA's SNLI model, reference 3.1) -> ``W_2 . (+ b_2)``;
+  ``act(W_1 u + b_1)`` -> optional highway layer (MTSA's SNLI model, reference §3.1) -> ``W_2 . (+ b_2)``;
 * relatedness (SICK), Tai et al. (2015): ``[p * h; |p - h|]`` -> ``act(W_1 . + b_1)`` -> 5 logits; the
   predicted score is ``sum_k k * softmax_k`` (the criterion trains it with Tai's sparse target distribution).
 
 Every dense layer of the head gets input dropout ``--dropout`` (the code's ``1 - keep``). Embeddings
-follow reference 3.1 (:class:`~mtsa_fairseq.modules.word_embedding.WordEmbedding`).
+follow reference §3.1 (:class:`~mtsa_fairseq.modules.word_embedding.WordEmbedding`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _dense(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
 
 
 class MTSASentenceEncoder(nn.Module):
-    """:class:`SentenceMTSA` followed by multi-dimensional source2token pooling (reference 3.1-3.3)."""
+    """:class:`SentenceMTSA` followed by multi-dimensional source2token pooling (reference §3.1-§3.3)."""
 
     def __init__(self, input_dim: int, hidden_dim: int, num_heads: int, token2token: str, activation_name: str,
                  dropout: float, attn_dropout: float):
@@ -89,7 +89,7 @@ def build_encoder(args: argparse.Namespace) -> nn.Module:
 
 
 class Highway(nn.Module):
-    """``g * act(W_t x + b_t) + (1 - g) * x``, ``g = sigmoid(W_g x + b_g)``, input dropout on both (reference 3.1)."""
+    """``g * act(W_t x + b_t) + (1 - g) * x``, ``g = sigmoid(W_g x + b_g)``, input dropout on both (reference §3.1)."""
 
     def __init__(self, dim: int, activation_name: str, dropout: float):
         super().__init__()
@@ -138,7 +138,7 @@ class SentenceEncoderModel(BaseFairseqModel):
                                  "default: random init of every training word (--oov-init)")
         parser.add_argument("--oov-init", choices=OOV_INITS,
                             help="training words without a pretrained vector: uniform U(-0.05, 0.05) (SNLI) "
-                                 "or normal N(0, 1) (SST); reference 3.1")
+                                 "or normal N(0, 1) (SST); reference §3.1")
         parser.add_argument("--oov-init-scale", type=float, metavar="A",
                             help="scale of --oov-init: U(-A, A) or N(0, A^2) (default 0.05 uniform, 1 normal, "
                                  "the authors'); e.g. 0.25 for Kim (2014)'s CNN-rand U(-0.25, 0.25)")
@@ -202,7 +202,7 @@ class SentenceEncoderModel(BaseFairseqModel):
 
     def regularized_weights(self) -> list[Tensor]:
         """Weights the code's L2 term covers: every dense/recurrent/convolution weight (>= 2-D), not the
-        embeddings and not biases (reference 3.1 step 5)."""
+        embeddings and not biases (reference §3.1 step 5)."""
         return [p for name, p in self.named_parameters()
                 if p.dim() >= 2 and "bias" not in name.rsplit(".", 1)[-1] and not name.startswith("embedding.")]
 
@@ -232,7 +232,7 @@ def sentence_encoder_base(args: argparse.Namespace) -> None:
 
 @register_model_architecture("sentence_encoder", "mtsa_encoder")
 def mtsa_encoder(args: argparse.Namespace) -> None:
-    """MTSA as in the SNLI/SST code (reference 3.1, fact 8): 2 heads x 300, E_R = sigmoid(q.k / sqrt(300))
+    """MTSA as in the SNLI/SST code (reference §3.1, §9.8): 2 heads x 300, E_R = sigmoid(q.k / sqrt(300))
     with strict forward/backward masks, E_S = exp of a 2-layer source2token on v, fusion gate, pooling."""
     args.encoder = "mtsa"
     args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
@@ -244,7 +244,7 @@ def mtsa_encoder(args: argparse.Namespace) -> None:
 @register_model_architecture("sentence_encoder", "fast_disa_encoder")
 def fast_disa_encoder(args: argparse.Namespace) -> None:
     """Fast-DiSA: its released ``fast_directional_self_attention`` is line for line the MTSA API (reference
-    5), so this is the same model with that function's defaults: 2 heads, E_R = exp(q.k / sqrt(d)) with
+    §5), so this is the same model with that function's defaults: 2 heads, E_R = exp(q.k / sqrt(d)) with
     strict forward/backward masks, relu, fusion gate."""
     args.encoder = "mtsa"
     args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
@@ -256,7 +256,7 @@ def fast_disa_encoder(args: argparse.Namespace) -> None:
 
 @register_model_architecture("sentence_encoder", "disan_encoder")
 def disan_encoder(args: argparse.Namespace) -> None:
-    """DiSAN (reference 4): forward and backward DiSA blocks of the embedding width, pooled to 600."""
+    """DiSAN (reference §4): forward and backward DiSA blocks of the embedding width, pooled to 600."""
     args.encoder = "disan"
     sentence_encoder_base(args)
 
@@ -270,7 +270,7 @@ def disan_undirected_encoder(args: argparse.Namespace) -> None:
 
 @register_model_architecture("sentence_encoder", "stacked_mtsa_encoder")
 def stacked_mtsa_encoder(args: argparse.Namespace) -> None:
-    """``stacking_mtsa`` (reference 2.5) over the embeddings, pooled: 10 layers; 10 heads of 30 (the API's
+    """``stacking_mtsa`` (reference §2.5) over the embeddings, pooled: 10 layers; 10 heads of 30 (the API's
     8 heads do not divide 300)."""
     args.encoder = "stacked_mtsa"
     args.encoder_heads = getattr(args, "encoder_heads", None) or 10

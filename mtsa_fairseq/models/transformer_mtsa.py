@@ -1,4 +1,4 @@
-"""fairseq's Transformer with MTSA as the encoder self-attention (reference section 1), and
+"""fairseq's Transformer with MTSA as the encoder self-attention (docs/reference.md §1), and
 optionally as the decoder self-attention (causal, with cached incremental decoding).
 
 Everything else is fairseq's own: the model, encoder, decoder and layer classes are extended through
@@ -21,7 +21,7 @@ from torch import nn
 from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
 from ..modules.per_head import ACTIVATIONS
 
-MTSA_DEFAULTS = {  # what the authors ran (reference 1.3, Setup 2)
+MTSA_DEFAULTS = {  # what the authors ran (reference §1.3, Setup 2)
     "encoder_self_attention_type": "mtsa",
     "decoder_self_attention_type": "standard",
     "mtsa_s2t_input": "v",

@@ -1,5 +1,5 @@
 """Baseline sentence encoders of the DiSAN paper (Shen et al., AAAI 2018, section "Baselines"), each
-followed by multi-dimensional source2token pooling (reference 2.6).
+followed by multi-dimensional source2token pooling (docs/reference.md §2.6).
 
 Every encoder has the same interface::
 
@@ -61,7 +61,7 @@ class BiLSTMEncoder(nn.Module):
     Args:
         input_dim: embedding width. hidden_dim: units per direction (output ``2 * hidden_dim`` per token).
         dropout: dropout on the LSTM input and on the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
     """
 
     def __init__(self, input_dim: int, hidden_dim: int = 300, dropout: float = 0.0, pool_activation: str = "elu"):
@@ -102,7 +102,7 @@ class MultiCNNEncoder(nn.Module):
     Args:
         input_dim: embedding width. kernel_sizes: window widths. channels: filters per window.
         dropout: dropout on the convolutions' input and on the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
     """
 
     def __init__(self, input_dim: int, kernel_sizes: Sequence[int] = (3, 4, 5), channels: int = 200,
@@ -136,7 +136,7 @@ class HierarchicalCNNEncoder(nn.Module):
         input_dim: embedding width. hidden_dim: width of every layer (and of the output).
         num_layers: gated convolution layers. kernel_size: convolution width.
         dropout: dropout on every convolution's input and on the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
     """
 
     def __init__(self, input_dim: int, hidden_dim: int = 300, num_layers: int = 3, kernel_size: int = 3,
@@ -177,7 +177,7 @@ class MultiHeadEncoder(nn.Module):
         head_dim: units per head; None uses ``input_dim / num_heads``. Otherwise the encoded input is
             mapped to ``num_heads * head_dim`` by a linear layer first (the paper uses 8 x 75 units).
         dropout: dropout on the attention input, the attention weights and the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
     """
 
     def __init__(self, input_dim: int, num_heads: int = 8, head_dim: int | None = None, dropout: float = 0.0,

@@ -1,5 +1,5 @@
 """DiSAN (Shen et al., AAAI 2018): directional self-attention blocks and multi-dimensional
-source2token pooling, as the authors' code computes them (reference sections 2.6, 4 and 6).
+source2token pooling, as the authors' code computes them (docs/reference.md §2.6, §4 and §6).
 
 For a batch element, query ``j``, key ``i`` and feature ``l`` of one DiSA block::
 
@@ -35,7 +35,7 @@ SCALE = 5.0  # the authors' scaled_tanh constant c
 
 
 def disa_allowed(key_padding_mask: Tensor | None, q_pos: Tensor, k_pos: Tensor, direction: str | None) -> Tensor:
-    """Boolean ``[B or 1, Lq, Lk]``: strict positional rule AND key real (reference 6, DiSAN rows)."""
+    """Boolean ``[B or 1, Lq, Lk]``: strict positional rule AND key real (reference §6, DiSAN rows)."""
     allowed = positional_mask(q_pos[:, None], k_pos[None, :], direction, include_self=False)[None]
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask[:, None, k_pos]
@@ -126,7 +126,7 @@ def directional_attention(
 
 
 class DiSABlock(nn.Module):
-    """One directional self-attention block with its fusion gate (reference 4.1).
+    """One directional self-attention block with its fusion gate (reference §4.1).
 
     Args:
         dim: input and output width ``d`` (the embedding size; 300 in the papers).
@@ -170,7 +170,7 @@ class DiSABlock(nn.Module):
 
 
 class MultiDimSource2Token(nn.Module):
-    """Multi-dimensional source2token pooling (reference 2.6): ``P = softmax_t(W_2 act(W_1 x + b_1) + b_2)``
+    """Multi-dimensional source2token pooling (reference §2.6): ``P = softmax_t(W_2 act(W_1 x + b_1) + b_2)``
     per feature over real positions, output ``sum_t P_t * x_t`` (``[B, d]``)."""
 
     def __init__(self, dim: int, activation_name: str = "elu", dropout: float = 0.0):
@@ -191,7 +191,7 @@ class MultiDimSource2Token(nn.Module):
 
 class DiSAN(nn.Module):
     """DiSAN: forward and backward DiSA blocks (untied), concatenated, pooled by multi-dimensional
-    source2token attention (reference 4.2): ``[B, L, d] -> [B, 2d]``. ``directional=False`` gives the
+    source2token attention (reference §4.2): ``[B, L, d] -> [B, 2d]``. ``directional=False`` gives the
     papers' "DiSAN without directions" baseline (both blocks use the ``i != j`` mask)."""
 
     def __init__(self, dim: int, activation_name: str = "elu", dropout: float = 0.0, directional: bool = True,

@@ -1,8 +1,8 @@
-"""MTSA as a drop-in for fairseq's ``MultiheadAttention`` in the NMT setting (reference section 1).
+"""MTSA as a drop-in for fairseq's ``MultiheadAttention`` in the NMT setting (docs/reference.md §1).
 
 The q/k/v/out projections are fairseq's own (inherited, same parameter names); MTSA replaces only
 the scaled dot-product core and adds one per-head source2token dense layer ``d_v -> d_v`` with bias:
-``H * (d_v * d_v + d_v)`` parameters (33,280 for d_model 512 and 8 heads, reference 1.6).
+``H * (d_v * d_v + d_v)`` parameters (33,280 for d_model 512 and 8 heads, reference §1.6).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ S2T_ACTIVATIONS = ("scaled_sigmoid", "sigmoid", "exp", "scaled_exp")
 class MTSAMultiheadAttention(MultiheadAttention):
     """Multi-mask tensorized self-attention with fairseq's ``MultiheadAttention`` interface.
 
-    Defaults are what the authors ran (reference 1.3): ``E_R = exp(q.k / sqrt(d_k))`` with key
+    Defaults are what the authors ran (reference §1.3): ``E_R = exp(q.k / sqrt(d_k))`` with key
     padding only, ``E_S = sigmoid((v W_c + b_c) / sqrt(d_v))`` from one per-head layer on ``v``.
 
     Args:
@@ -39,8 +39,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
             included (``bi_direction``; off as run).
         causal: decoder self-attention: every head sees only keys ``i <= j``, and incremental
             decoding caches ``k``, ``v`` and ``E_S`` (beyond the authors, whose t2t code has no
-            cached MTSA decoding: reference 1.5). Needs a sigmoid source2token activation: the exp
-            forms are shifted by a sequence-wide maximum (reference 8.4), which would let later
+            cached MTSA decoding: reference §1.5). Needs a sigmoid source2token activation: the exp
+            forms are shifted by a sequence-wide maximum (reference §8.4), which would let later
             tokens underflow earlier outputs.
     """
 
@@ -88,13 +88,13 @@ class MTSAMultiheadAttention(MultiheadAttention):
         self.s2t = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=s2t_bias_init)
 
     def source2token(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """``E_S`` from per-head ``x [B, H, L, d_v]`` (reference 1.2 steps 3-4)."""
+        """``E_S`` from per-head ``x [B, H, L, d_v]`` (reference §1.2 steps 3-4)."""
         if self.s2t_hidden is not None:
             x = activation(self.s2t_hidden_activation)(self.s2t_hidden(x))
         logits = self.s2t(x, scale=self.s2t_scale)
         if self.s2t_activation.endswith("sigmoid"):
             return torch.sigmoid(logits)
-        # exp: a per-(batch, head, feature) constant cancels in the core's ratio (reference 8.4)
+        # exp: a per-(batch, head, feature) constant cancels in the core's ratio (reference §8.4)
         return stable_exp(logits, key_padding_mask)
 
     def forward(

@@ -1,6 +1,6 @@
 """The multi-mask tensorized self-attention (MTSA) core, as a pure function over per-head tensors.
 
-Semantics follow the authors' code (``mtsa-reference.md`` sections 1.2, 2.2, 6 and 8). For a batch
+Semantics follow the authors' code (docs/reference.md §1.2, §2.2, §6 and §8). For a batch
 element and head, query ``j``, key ``i`` and feature ``l``::
 
     E_R[j, i] = exp(q_j . k_i / sqrt(d_k))      (token2token="exp", the NMT experiments)
@@ -11,10 +11,10 @@ element and head, query ``j``, key ``i`` and feature ``l``::
     out[j, l] = N[j, l] / (Z[j, l] if Z[j, l] > 0 else 1)
 
 ``E_R'`` and ``E_S'`` are independent inverted dropouts with keep probability ``sqrt(1 - p)``
-(reference 1.2 step 6, 8.3). This equals the feature-wise softmax of the paper's equations (10)-(12):
+(reference §1.2 step 6, §8.3). This equals the feature-wise softmax of the paper's equations (10)-(12):
 ``out[j, l] = sum_i P[j, i, l] v[i, l]`` with ``P[j, i, l] ∝ E_R[j, i] E_S[i, l]``.
 
-How it is computed (reference 8.2):
+How it is computed (reference §8.2):
 
 * ``exp``: with ``P = softmax(s + mask)``, ``out = SDPA(q, k, v * E_S) / SDPA(q, k, E_S)``; the row
   normaliser cancels, the kernel's max-subtraction makes it overflow-free in fp16/bf16, and the fused
@@ -50,7 +50,7 @@ CHUNK_ELEMENTS = 1 << 24
 
 def head_directions(num_heads: int, direction: str | None) -> list[tuple[slice, str | None]]:
     """Split heads into groups sharing one positional rule: ``"bi"`` gives the first half
-    ``"forward"`` and the second half ``"backward"`` (reference 1.2 step 2, 2.4)."""
+    ``"forward"`` and the second half ``"backward"`` (reference §1.2 step 2, §2.4)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if direction == "bi":
@@ -65,7 +65,7 @@ def head_directions(num_heads: int, direction: str | None) -> list[tuple[slice, 
 
 def positional_mask(j: Tensor, i: Tensor, direction: str | None, include_self: bool) -> Tensor | None:
     """Element-wise ``allowed[j, i]`` for broadcastable query positions ``j`` and key positions ``i``
-    (reference 6): forward ``i <= j`` (``i < j`` without self), backward ``i >= j`` (``i > j``),
+    (reference §6): forward ``i <= j`` (``i < j`` without self), backward ``i >= j`` (``i > j``),
     no direction ``i != j`` without self. ``None`` means every pair is allowed."""
     if direction == "forward":
         return i <= j if include_self else i < j
@@ -206,7 +206,7 @@ def mtsa_core(
         q, k: ``[B, H, L_q, d_k]`` and ``[B, H, L, d_k]``, unscaled (``1/sqrt(d_k)`` is applied here).
             ``L_q < L`` is incremental decoding: the queries are the last ``L_q`` positions.
         v, s2t: ``[B, H, L, d_v]``; ``s2t`` holds the source2token weights ``E_S`` (non-negative,
-            query-independent, possibly rescaled per (batch, head, feature): reference 8.4).
+            query-independent, possibly rescaled per (batch, head, feature): reference §8.4).
         key_padding_mask: bool ``[B, L]``, True at padding keys.
         direction: None, ``"bi"`` (first H/2 heads forward, last H/2 backward), ``"forward"`` or
             ``"backward"`` (all heads).
@@ -283,7 +283,7 @@ def _key_mask(keys_real: Tensor | None) -> Tensor | None:
 
 
 class _GuardedRatio(torch.autograd.Function):
-    """``N / where(Z > 0, Z, 1)``, the authors' guard (reference 1.2 step 5), with the gradients of
+    """``N / where(Z > 0, Z, 1)``, the authors' guard (reference §1.2 step 5), with the gradients of
     that expression. It saves only ``N`` and ``Z``, which the attention kernels producing them keep
     for their own backward anyway; autograd's division would also keep the guarded copy of ``Z``."""
 
@@ -311,7 +311,7 @@ def _sdpa_ratio(
     scale: float, dropout_active: bool, keep: float, is_causal: bool = False,
 ) -> Tensor:
     """``SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities only
-    (reference 8.3) and 0 on rows without an allowed key; ``is_causal`` is the kernel's own
+    (reference §8.3) and 0 on rows without an allowed key; ``is_causal`` is the kernel's own
     forward-with-self mask (no mask tensor at all)."""
     empty = None
     if mask is not None:

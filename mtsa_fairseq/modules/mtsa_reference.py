@@ -1,11 +1,11 @@
 """Literal, slow MTSA implementations: the ground truth for tests and the baseline for benchmarks.
 
 * :func:`mtsa_literal` is the paper's tensorized form, equations (10)-(12): a ``[B, H, L, L, d_v]``
-  feature-wise softmax, with the authors' masks and guard (reference 1.2, 2.2, 6). No dropout.
-* :func:`mtsa_naive` is the authors' TensorFlow algorithm (reference 1.2): ``E_R`` materialised as
+  feature-wise softmax, with the authors' masks and guard (docs/reference.md §1.2, §2.2, §6). No dropout.
+* :func:`mtsa_naive` is the authors' TensorFlow algorithm (reference §1.2): ``E_R`` materialised as
   ``[B, H, L, L]`` with a raw ``exp`` (it overflows in half precision, as theirs does), the guarded
   denominator, and dropout ``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S`` in the numerator only.
-* :func:`disa_naive` is DiSAN's directional attention with the full ``[B, L, L, d]`` logits (reference 4.1).
+* :func:`disa_naive` is DiSAN's directional attention with the full ``[B, L, L, d]`` logits (reference §4.1).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def mtsa_naive(
 def disa_naive(
     head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None, direction: str | None,
 ) -> Tensor:
-    """DiSA's token2token attention as the authors compute it (reference 4.1 steps 3-5): the full
+    """DiSA's token2token attention as the authors compute it (reference §4.1 steps 3-5): the full
     ``[B, L, L, d]`` logits, ``-1e30`` on illegal pairs, softmax over keys, probabilities re-masked."""
     length = values.shape[1]
     pos = torch.arange(length, device=values.device)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# The authors' ``afn_name2fn`` / ``activation_name_to_func`` tables (reference 1.2, 2.1).
+# The authors' ``afn_name2fn`` / ``activation_name_to_func`` tables (docs/reference.md §1.2, §2.1).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "linear": lambda x: x,
     "relu": F.relu,
@@ -69,7 +69,7 @@ class PerHeadLinear(nn.Module):
 def stable_exp(logits: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     """``E_S = exp(S)`` up to a per (batch, head, feature) constant, which cancels in the MTSA ratio:
     the maximum over non-pad positions is subtracted first and pad positions are zeroed, as the
-    API's ``exp(S) * key_mask`` (reference 8.4). ``logits``: ``[B, H, L, d]``."""
+    API's ``exp(S) * key_mask`` (reference §8.4). ``logits``: ``[B, H, L, d]``."""
     if key_padding_mask is None:
         return torch.exp(logits - logits.amax(dim=2, keepdim=True).detach())
     pad = key_padding_mask[:, None, :, None]

@@ -1,5 +1,5 @@
 """The sentence-encoder MTSA block (``multi_mask_tensorized_self_attn``; identical to Fast-DiSA's
-``fast_directional_self_attention``): reference sections 2.1, 2.2 and 5."""
+``fast_directional_self_attention``): docs/reference.md §2.1, §2.2 and §5."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ class SentenceMTSA(nn.Module):
 
     then heads are concatenated, an optional output layer ``act(W^o y + b^o)`` applied, and padded
     rows zeroed. Every dense layer's input gets its own dropout (``dense_dropout``), drawn
-    independently per head (the API's default path, reference 2.2); with ``shared_input_dropout`` the
-    projections of ``x`` draw as the API's accelerated path does (reference 2.3): one mask on the untiled
+    independently per head (the API's default path, reference §2.2); with ``shared_input_dropout`` the
+    projections of ``x`` draw as the API's accelerated path does (reference §2.3): one mask on the untiled
     ``x`` shared by q, k, v and every head, and one more, shared by every head, for the source2token layer.
-    Defaults are the API's (reference 2.1).
+    Defaults are the API's (reference §2.1).
 
     Args:
         input_dim: ``d_in``. hidden_dim: ``hn`` (split over heads). num_heads: ``head_num``.

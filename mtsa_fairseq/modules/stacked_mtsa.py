@@ -1,4 +1,4 @@
-"""Stacked MTSA encoder: the API's ``stacking_mtsa`` (reference 2.5), built from :class:`SentenceMTSA`."""
+"""Stacked MTSA encoder: the API's ``stacking_mtsa`` (docs/reference.md §2.5), built from :class:`SentenceMTSA`."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from torch import Tensor, nn
 from .disan import MultiDimSource2Token
 from .sentence_mtsa import SentenceMTSA
 
-LAYER_NORM_EPS = 1e-6  # reference 2.5
+LAYER_NORM_EPS = 1e-6  # reference §2.5
 
 
 class StackedMTSALayer(nn.Module):
-    """One layer of ``stacking_mtsa`` (reference 2.5), post-LN, FFN sub-block first::
+    """One layer of ``stacking_mtsa`` (reference §2.5), post-LN, FFN sub-block first::
 
         y = relu(dense(dropout(x, dense_dropout)))
         x = LN(x + dropout(y, dropout))
         y = MTSA(x)    no fusion gate, q/k/v/s2t from x, one-layer s2t, linear v,
-                       output layer relu(dense(., hn))  (reference 2.1-2.3)
+                       output layer relu(dense(., hn))  (reference §2.1-§2.3)
         x = LN(x + dropout(y, dropout))
 
-    The accelerated path that ``stacking_mtsa`` runs (reference 2.3) computes q, k and v with one
+    The accelerated path that ``stacking_mtsa`` runs (reference §2.3) computes q, k and v with one
     bias-free dense layer, so the value projection here has no bias either, and its dropout masks are that
     path's: one on ``x`` shared by q, k, v and all heads, one shared by all heads for the source2token layer.
     """
@@ -40,7 +40,7 @@ class StackedMTSALayer(nn.Module):
             attn_input="x", s2t_hidden_layer=False, activation_name=activation_name, activate_v=False,
             output_dim=hidden_dim, shared_input_dropout=True,
         )
-        self.attn.v_proj.bias = None  # fused bias-free q/k/v projection (reference 2.3)
+        self.attn.v_proj.bias = None  # fused bias-free q/k/v projection (reference §2.3)
         self.attn_norm = nn.LayerNorm(hidden_dim, eps=LAYER_NORM_EPS)
 
     def ffn_block(self, x: Tensor) -> Tensor:
@@ -55,10 +55,10 @@ class StackedMTSALayer(nn.Module):
 
 
 class StackedMTSA(nn.Module):
-    """``stacking_mtsa`` (reference 2.5): ``num_layers`` :class:`StackedMTSALayer` s over ``x [B, L, hn]``,
-    optionally followed by multi-dimensional source2token pooling (reference 2.6) like the baselines.
+    """``stacking_mtsa`` (reference §2.5): ``num_layers`` :class:`StackedMTSALayer` s over ``x [B, L, hn]``,
+    optionally followed by multi-dimensional source2token pooling (reference §2.6) like the baselines.
 
-    Defaults are the reference's: 8 heads, 10 layers, residual keep 0.8 (``dropout=0.2``), attention
+    Defaults are those of reference §2.5: 8 heads, 10 layers, residual keep 0.8 (``dropout=0.2``), attention
     keep 0.8 (``attn_dropout=0.2``), dense keep 0.9 (``dense_dropout=0.1``), directional masks without
     the diagonal, relu, ``exp`` token2token. The padding mask is prepared once and shared by all layers.
     Padded rows of the per-token output are zeroed (they never reach real tokens: every MTSA layer
@@ -73,7 +73,7 @@ class StackedMTSA(nn.Module):
             (also used by the pooling layers).
         use_direction, attn_self, activation_name, token2token: as in :class:`SentenceMTSA`.
         pool: whether ``forward`` pools to ``[B, hn]`` (True) or returns ``[B, L, hn]``.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference 2.6).
+        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
     """
 
     def __init__(self, input_dim: int, hidden_dim: int | None = None, num_heads: int = 8, num_layers: int = 10,

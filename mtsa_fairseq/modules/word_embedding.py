@@ -1,4 +1,4 @@
-"""Word embeddings with the sentence-encoder code's rules (reference 3.1).
+"""Word embeddings with the sentence-encoder code's rules (docs/reference.md §3.1).
 
 The vocabulary is a fairseq ``Dictionary`` laid out by ``scripts/prepare_sentence_data.py``: its special
 symbols first (``<s>``, ``<pad>``, ``</s>``, ``<unk>``), then the ``num_train_words`` words of the training

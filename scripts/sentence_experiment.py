@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mtsa_fairseq.processes import run_command, stop_children  # noqa: E402
 from mtsa_fairseq.sentence_experiment import (  # noqa: E402
     ExperimentError,
+    check_options,
     load_task_config,
     plan_runs,
     plot_dev_curves,
@@ -84,7 +85,14 @@ def main() -> None:
     out = args.out.resolve()
     data = args.data.resolve()
     runs = plan_runs(args.archs, args.seeds, folds)
-    extra = shlex.split(args.extra_args)
+    try:
+        extra = shlex.split(args.extra_args)
+    except ValueError as exc:
+        sys.exit(f"error: --extra-args: {exc}")
+    try:
+        check_options(config, args.archs, data, extra)
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
 
     def one(run):
         return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)

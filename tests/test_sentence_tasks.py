@@ -296,3 +296,16 @@ def test_task_config_with_a_repeated_key_is_refused(tmp_path):
     config.write_text(SMALL.format(updates=10) + "  lr: 0.01\n")
     with pytest.raises(ExperimentError, match=r"small.yaml: key 'lr' given twice \(lines 8 and 19\)"):
         load_task_config(config)
+
+
+def test_experiment_refuses_a_bad_option_before_training(trec_data, tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=10) + "arch_overrides:\n  multi_cnn_encoder: {encoder-hiden-dim: 4}\n")
+    proc = run(sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+               str(trec_data), "--archs", "mtsa_encoder", "multi_cnn_encoder", "--out", str(tmp_path / "exp"), "--cpu",
+               check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        f"error: {config} (arch_overrides.multi_cnn_encoder): fairseq option 'encoder-hiden-dim': "
+        f"'--encoder-hiden-dim' is not a fairseq-train option (arch multi_cnn_encoder, with --user-dir "
+        f"{ROOT / 'mtsa_fairseq'})")
+    assert not (tmp_path / "exp").exists()  # mtsa_encoder did not train first

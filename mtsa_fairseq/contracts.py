@@ -1,7 +1,8 @@
 """The files the pipeline's stages exchange: schema names, one checked JSON reader, one text line reader, and one
 YAML reader.
 
-``manifest.json`` (``scripts/prepare_data.py``), ``run.json`` (``scripts/train_seeds.py``) and result files
+``manifest.json`` (``scripts/prepare_data.py``; ``scripts/prepare_sentence_data.py`` writes its own layout),
+``run.json`` (``scripts/train_seeds.py``) and result files
 (``scripts/score.py``) each carry a ``schema`` key naming their layout and version.
 
 Text files (corpora, references, hypotheses) are read line by line with :func:`iter_lines` at every stage, so
@@ -23,6 +24,7 @@ import yaml
 MANIFEST_SCHEMA = "mtsa-fairseq.data.v1"
 RUN_SCHEMA = "mtsa-fairseq.run.v1"
 RESULT_SCHEMA = "mtsa-fairseq.result.v1"
+SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 
 
 def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dict[str, Any]:

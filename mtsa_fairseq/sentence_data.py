@@ -58,9 +58,9 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.data.indexed_dataset import make_builder
 
+from .contracts import SENTENCE_DATA_SCHEMA
 from .data_prep import DataError, current_umask, move_into_place, staging_dir
 
-SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 NUM_FOLDS = 10
 SPLITS = ("train", "valid", "test")
 SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")

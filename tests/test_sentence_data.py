@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from fairseq.data import Dictionary, data_utils
 
+from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA
 from mtsa_fairseq.sentence_data import (
-    SENTENCE_DATA_SCHEMA,
     DataError,
     SentenceDataConfig,
     assign_folds,

@@ -24,8 +24,7 @@ import torch
 from fairseq.data import Dictionary, FairseqDataset, data_utils
 from fairseq.tasks import LegacyFairseqTask, register_task
 
-from ..contracts import read_json
-from ..sentence_data import SENTENCE_DATA_SCHEMA
+from ..contracts import SENTENCE_DATA_SCHEMA, read_json
 
 KINDS = ("single", "pair", "relatedness")
 

@@ -2,8 +2,8 @@
 
 Floating-point parameters are summed in float64 and cast back to their dtype; everything else (integer
 buffers, the saved config, optimizer history, extra state) is taken from the newest checkpoint, the one
-with the most updates. Checkpoints are read with ``torch.load(weights_only=True)``; importing this
-package first allow-lists what fairseq checkpoints pickle (``mtsa_fairseq.checkpoint_safety``).
+with the most updates. Checkpoints are read with ``torch.load(weights_only=True)``, with what fairseq
+checkpoints pickle allow-listed (``mtsa_fairseq.checkpoint_safety``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-import mtsa_fairseq  # noqa: F401  (allow-lists argparse.Namespace for weights_only loading)
+from .checkpoint_safety import allow_fairseq_checkpoints
+
+allow_fairseq_checkpoints()
 
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates
 EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # end of an epoch

@@ -27,6 +27,11 @@ RESULT_SCHEMA = "mtsa-fairseq.result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 
 
+def read_run(run_dir: Path, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """``RUN_DIR/run.json`` of a training run (schema :data:`RUN_SCHEMA`); anything else raises ``error``."""
+    return read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file", error)
+
+
 def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dict[str, Any]:
     """A JSON object file of the given ``schema``; anything else raises ``error`` naming ``what``."""
     if not path.is_file():

@@ -36,7 +36,7 @@ from .checkpoint_average import (
     average_checkpoints,
     save_checkpoint,
 )
-from .contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json
+from .contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json, read_run
 from .processes import LockBusy, RunLock, UpdateProgress, run_logged
 from .train_config import (
     LAUNCHER_OPTIONS,
@@ -442,16 +442,13 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
 # -------------------------------------------------------------------------------------------- run files
 
 
-def read_run(run_dir: Path) -> dict[str, Any] | None:
-    """A run directory's run.json, or None if it has none (or an unreadable one)."""
-    path = Path(run_dir) / "run.json"
-    if not path.is_file():
-        return None
+def previous_run(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's run.json, or None if it has none or an unreadable one (then the run starts over:
+    unlike scoring, which needs a valid record, the launcher can always rebuild it)."""
     try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        return read_run(run_dir, LaunchError)
+    except LaunchError:
         return None
-    return record if isinstance(record, dict) and record.get("schema") == RUN_SCHEMA else None
 
 
 def write_run(run_dir: Path, record: dict[str, Any]) -> None:
@@ -504,7 +501,7 @@ def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
 def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_mb: float | None,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Fill run.json after a training session: updates, throughput, time, averaging, status."""
-    record = read_run(run_dir)
+    record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
     log_path = Path(run_dir) / "train.log"
@@ -544,7 +541,7 @@ def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_
 
 def record_start(run_dir: Path) -> dict[str, Any]:
     """Mark a run as running (the sbatch script calls this before ``srun``)."""
-    record = read_run(run_dir)
+    record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
     record.update(status="running", started_at=time.time(),
@@ -555,7 +552,7 @@ def record_start(run_dir: Path) -> dict[str, Any]:
 
 def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Fill run.json after ``srun`` (the sbatch script calls this); peak memory is not measurable there."""
-    record = read_run(run_dir)
+    record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
     started = record.get("started_at")
@@ -600,7 +597,7 @@ def execute(plan_: Plan, train_seeds: Path, dry_run: bool = False, log: Callable
         if plan_.view is not None and not plan_.view.path.exists():
             log(f"# would build the length-filtered training data {plan_.view.path}")
         for run in plan_.runs:
-            if is_done(read_run(run.run_dir), max_update):
+            if is_done(previous_run(run.run_dir), max_update):
                 log(f"# seed {run.seed}: done, would be skipped")
             elif plan_.options.launcher == "slurm":
                 log(f"# seed {run.seed}: {run.run_dir / 'train.sbatch'}\n{sbatch_script(plan_, run, train_seeds)}")
@@ -612,7 +609,7 @@ def execute(plan_: Plan, train_seeds: Path, dry_run: bool = False, log: Callable
         plan_.view.build(log)
     failed = 0
     for run in plan_.runs:
-        previous = read_run(run.run_dir)
+        previous = previous_run(run.run_dir)
         if is_done(previous, max_update):
             log(f"seed {run.seed}: done ({previous['num_updates']} updates), skipped")
             continue
@@ -671,7 +668,7 @@ def _train(plan_: Plan, run: SeedRun, log: Callable[[str], None]) -> int:
     """Train one seed while holding its run directory's lock."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with _lock_run(run.run_dir) as lock:
-        previous = read_run(run.run_dir)  # read again under the lock: another launcher may have finished it
+        previous = previous_run(run.run_dir)  # read again under the lock: another launcher may have finished it
         if is_done(previous, run.record["max_update"]):
             log(f"seed {run.seed}: done ({previous['num_updates']} updates), skipped")
             return 0

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, RUN_SCHEMA, read_json, read_lines
+from .contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines
 
-METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
+BLEU_METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
 
 _HYPOTHESIS = re.compile(r"^H-(\d+)\t")
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -178,11 +178,6 @@ def build_result(
 def read_manifest(data_dir: Path) -> dict[str, Any]:
     """``DIR/manifest.json`` of a prepared data directory (schema ``mtsa-fairseq.data.v1``)."""
     return read_json(Path(data_dir) / "manifest.json", MANIFEST_SCHEMA, "manifest", ScoringError)
-
-
-def read_run(run_dir: Path) -> dict[str, Any]:
-    """``RUN/run.json`` of a training run directory (schema ``mtsa-fairseq.run.v1``)."""
-    return read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file", ScoringError)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "mnli": _NLI,
 }
 DATASETS = tuple(LABELS)
-KINDS = {**dict.fromkeys(("sst5", "sst2", "trec", "cr", "mpqa", "subj"), "single"), "sick": "relatedness",
+DATASET_KINDS = {**dict.fromkeys(("sst5", "sst2", "trec", "cr", "mpqa", "subj"), "single"), "sick": "relatedness",
          "snli": "pair", "mnli": "pair"}
 
 _SST_FILES = {"train": "train.txt", "valid": "dev.txt", "test": "test.txt"}
@@ -588,7 +588,7 @@ def build_manifest(cfg: SentenceDataConfig, splits: dict[str, Split], written: d
     options = {k: str(v.absolute()) if isinstance(v, Path) else v for k, v in asdict(cfg).items()
                if k not in ("dataset", "out")}
     return {
-        "schema": SENTENCE_DATA_SCHEMA, "dataset": cfg.dataset, "kind": KINDS[cfg.dataset],
+        "schema": SENTENCE_DATA_SCHEMA, "dataset": cfg.dataset, "kind": DATASET_KINDS[cfg.dataset],
         "labels": list(LABELS[cfg.dataset]), "splits": written,
         "num_folds": NUM_FOLDS if cfg.dataset in CLASS_FILES else 0, "num_train_words": num_train_words,
         "lowercase": not cfg.keep_case,

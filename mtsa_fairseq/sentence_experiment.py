@@ -38,7 +38,7 @@ from .significance import SignificanceError, t_test
 from .train_config import USER_DIR, ConfigError, options_to_args, parse_fairseq_train
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
-METRICS = ("accuracy", "pearson")
+TASK_METRICS = ("accuracy", "pearson")
 # set per run by the driver
 RUN_OPTIONS = ("arch", "seed", "save-dir", "cv-fold", "user-dir", "task")
 # fairseq's simple-format validation line: "... | valid on 'valid' subset | ... | accuracy 54.9 | ... | num_updates 300"
@@ -92,8 +92,8 @@ def load_task_config(path: str | Path) -> TaskConfig:
         raise ExperimentError(f"{path}: missing keys {missing}, unknown keys {unknown}")
     if raw["name"] != path.stem:
         raise ExperimentError(f"{path}: name {raw['name']!r} must equal the file name {path.stem!r}")
-    if raw["metric"] not in METRICS:
-        raise ExperimentError(f"{path}: metric must be one of {METRICS}, got {raw['metric']!r}")
+    if raw["metric"] not in TASK_METRICS:
+        raise ExperimentError(f"{path}: metric must be one of {TASK_METRICS}, got {raw['metric']!r}")
     overrides = raw.get("arch_overrides") or {}
     sections = [("fairseq", raw["fairseq"])] + [(f"arch_overrides.{a}", o) for a, o in overrides.items()]
     for where, section in sections:

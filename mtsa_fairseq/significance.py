@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .contracts import RESULT_SCHEMA, read_json, read_lines
-from .scoring import METRICS
+from .scoring import BLEU_METRICS
 
 TESTS = ("welch", "student")
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}
@@ -272,8 +272,8 @@ def compare(
     seed: int = 12345,
 ) -> Comparison:
     """Load, check and compare; raises ``SignificanceError`` on bad input before any test runs."""
-    if metric not in METRICS:
-        raise SignificanceError(f"unknown metric {metric!r}, expected one of {', '.join(METRICS)}")
+    if metric not in BLEU_METRICS:
+        raise SignificanceError(f"unknown metric {metric!r}, expected one of {', '.join(BLEU_METRICS)}")
     cache: dict[Path, list[str]] = {}
     baseline = load_side(baseline_paths, metric, cache)
     system = load_side(system_paths, metric, cache)

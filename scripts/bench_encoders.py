@@ -25,7 +25,7 @@ import textwrap
 import time
 from pathlib import Path
 
-ENCODERS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
+ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
             "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
 OOM = "OOM"
 
@@ -144,7 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024],
                         help="sequence lengths, increasing")
-    parser.add_argument("--encoders", nargs="+", choices=ENCODERS, default=list(ENCODERS),
+    parser.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS),
                         help="sentence_encoder architectures to run")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--dim", type=int, default=300, help="input channels (word embedding size)")
@@ -192,12 +192,12 @@ def main() -> None:
         args.memory_limit_gb = round(0.85 * memory_available_gib(), 1) or None
 
     torch.manual_seed(0)
-    models = {name: build(name, args.dim).to(args.device).train() for name in args.encoders}
+    models = {name: build(name, args.dim).to(args.device).train() for name in args.archs}
     limit = f", memory growth limit {args.memory_limit_gb} GiB" if args.memory_limit_gb and args.device == "cpu" else ""
     result = {
         "settings": f"{device_name(args.device)}, torch {torch.__version__}; batch {args.batch}, {args.dim} channels, "
                     f"forward+backward, median of {args.repeats}{limit}",
-        "encoders": list(args.encoders), "rows": [], "stopped": {},
+        "encoders": list(args.archs), "rows": [], "stopped": {},
     }
     start = time.monotonic()
     for i, length in enumerate(args.lengths):

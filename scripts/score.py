@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq import scoring
+from mtsa_fairseq.contracts import read_run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +59,7 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """The checkpoint to score and the run.json that describes it (if any)."""
     try:
         if args.run_dir is not None:
-            run = scoring.read_run(args.run_dir)
+            run = read_run(args.run_dir, scoring.ScoringError)
             if run.get("status") != "done":
                 parser.error(f"run {args.run_dir} has status {run.get('status')!r}, not 'done'")
             if not run.get("checkpoint"):
@@ -67,7 +68,8 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             checkpoint = checkpoint if checkpoint.is_absolute() else args.run_dir / checkpoint
         else:
             checkpoint = args.checkpoint
-            run = scoring.read_run(checkpoint.parent) if (checkpoint.parent / "run.json").is_file() else None
+            has_run = (checkpoint.parent / "run.json").is_file()
+            run = read_run(checkpoint.parent, scoring.ScoringError) if has_run else None
     except scoring.ScoringError as exc:
         parser.error(str(exc))
     if not checkpoint.is_file():

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq import significance
-from mtsa_fairseq.scoring import METRICS
+from mtsa_fairseq.scoring import BLEU_METRICS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="result files of the system compared with the baseline")
     parser.add_argument("--test", choices=significance.TESTS, default="welch",
                         help="t-test over runs: welch (unequal variances, default) or student (pooled variance)")
-    parser.add_argument("--metric", choices=METRICS, default="sacrebleu", help="BLEU value of the result files to "
+    parser.add_argument("--metric", choices=BLEU_METRICS, default="sacrebleu", help="BLEU value of the result files to "
                         "compare over runs (default: sacrebleu); paired tests always use sacreBLEU")
     parser.add_argument("--bootstrap-samples", type=int, default=1000,
                         help="paired bootstrap resamples (default: 1000)")

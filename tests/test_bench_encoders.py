@@ -16,7 +16,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_tiny_benchmark_writes_every_encoder_and_length(tmp_path):
     out = tmp_path / "bench.json"
     proc = run("--lengths", "4", "12", "--batch", "2", "--dim", "20", "--repeats", "1",
-               "--encoders", "mtsa_encoder", "disan_encoder", "stacked_mtsa_encoder",
+               "--archs", "mtsa_encoder", "disan_encoder", "stacked_mtsa_encoder",
                "--json", str(out), "--plot", str(tmp_path / "bench.png"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -31,7 +31,7 @@ def test_tiny_benchmark_writes_every_encoder_and_length(tmp_path):
 def test_an_encoder_over_the_time_limit_stops(tmp_path):
     out = tmp_path / "bench.json"
     proc = run("--lengths", "4", "8", "--batch", "2", "--dim", "20", "--repeats", "1", "--max-seconds", "0.000001",
-               "--encoders", "multi_cnn_encoder", "--json", str(out))
+               "--archs", "multi_cnn_encoder", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [r["ms"] for r in result["rows"]][1] == {} and "multi_cnn_encoder" in result["stopped"]

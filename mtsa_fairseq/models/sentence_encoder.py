@@ -36,7 +36,6 @@ from ..modules.per_head import ACTIVATIONS, activation
 from ..modules.word_embedding import OOV_INITS, WordEmbedding, read_vectors
 
 ENCODERS = ("mtsa", "disan", "disan_undirected", "stacked_mtsa", "bilstm", "multi_cnn", "hrchy_cnn", "multi_head")
-KINDS = ("single", "pair", "relatedness")
 RELATEDNESS_CLASSES = 5  # SICK scores 1..5
 
 

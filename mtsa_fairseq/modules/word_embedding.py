@@ -16,7 +16,6 @@ Without a vectors file every training word is out of vocabulary, which is the ra
 from __future__ import annotations
 
 import gzip
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-logger = logging.getLogger(__name__)
 OOV_INITS = ("uniform", "normal")
 OOV_INIT_SCALES = {"uniform": 0.05, "normal": 1.0}  # the authors': U(-0.05, 0.05) (SNLI), N(0, 1) (SST)
 

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_encoders.py"
 
 

@@ -15,6 +15,8 @@ from fairseq import checkpoint_utils, options, tasks
 import mtsa_fairseq
 from mtsa_fairseq.checkpoint_safety import FAIRSEQ_CHECKPOINT_GLOBALS
 
+pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
+
 USER_DIR = str(Path(mtsa_fairseq.__file__).parent)
 BIN = Path(sys.executable).parent
 TINY = [

@@ -27,6 +27,8 @@ from mtsa_fairseq.launch import (
 from mtsa_fairseq.toy_corpus import write_corpus
 from mtsa_fairseq.train_config import USER_DIR
 
+pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}

@@ -12,6 +12,8 @@ import pytest
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
 from mtsa_fairseq.train_config import is_mtsa_option, load_config
 
+pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "multi30k_study.py"
 spec = importlib.util.spec_from_file_location("multi30k_study", SCRIPT)

@@ -11,6 +11,8 @@ import yaml
 
 from mtsa_fairseq.toy_corpus import write_corpus
 
+pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
+
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "scripts" / "pipeline.py"
 ENV = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}

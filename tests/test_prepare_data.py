@@ -169,6 +169,7 @@ def test_filter_reason(lengths, max_ratio, expected):
     assert filter_reason(*lengths, max_tokens=256, max_ratio=max_ratio) == expected
 
 
+@pytest.mark.slow
 def test_vocab_too_large_is_restated_and_nothing_is_written(tmp_path):
     cfg = config(tmp_path, vocab_size=5000)
     with pytest.raises(DataError, match=r"--vocab-size 5000 is too large .*at most \d+"):
@@ -221,6 +222,7 @@ def _not_utf8_test(raw: Path) -> str:
     return _not_utf8(raw / "test.de", 5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_bad", [_misaligned, _empty, _existing, _not_utf8_train_gzip, _not_utf8_valid,
                                       _not_utf8_test])
 def test_bad_input_exits_with_one_line_and_writes_nothing(toy, make_bad):
@@ -261,6 +263,7 @@ def prepared(tmp_path_factory):
     return raw, out, proc
 
 
+@pytest.mark.slow
 def test_manifest(prepared):
     _, out, proc = prepared
     assert json.loads((out / "manifest.json").read_text()) == {
@@ -278,6 +281,7 @@ def test_manifest(prepared):
     assert leftovers(out.parent) == []
 
 
+@pytest.mark.slow
 def test_bin_has_every_split_with_the_right_counts(prepared):
     _, out, _ = prepared
     sizes = {subset: bin_sizes(out / "bin", subset) for subset in ("train", "valid", "test", "test1")}
@@ -285,12 +289,14 @@ def test_bin_has_every_split_with_the_right_counts(prepared):
     assert (out / "bin" / "dict.en.txt").read_text() == (out / "bin" / "dict.de.txt").read_text()
 
 
+@pytest.mark.slow
 def test_raw_test_text_is_kept_untouched(prepared):
     raw, out, _ = prepared
     assert (out / "raw" / "toy2016.en").read_bytes() == (raw / "test.en").read_bytes()
     assert (out / "raw" / "toy2017.de").read_bytes() == (raw / "test1.de").read_bytes()  # decompressed
 
 
+@pytest.mark.slow
 def test_scoring_reads_the_references_as_prepare_counted_them(prepared):
     _, out, _ = prepared
     tests = json.loads((out / "manifest.json").read_text())["tests"]
@@ -299,6 +305,7 @@ def test_scoring_reads_the_references_as_prepare_counted_them(prepared):
     assert refs["toy2016"][-3] == "der hund die\rkatze sieht"
 
 
+@pytest.mark.slow
 def test_encoded_test_source_decodes_to_the_normalised_text(prepared):
     raw, out, _ = prepared
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
@@ -310,6 +317,7 @@ def test_encoded_test_source_decodes_to_the_normalised_text(prepared):
     assert decoded[-3:] == ["the dog sees the cat", "", LONG]
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_a_prepared_directory_and_holds_out_valid(toy):
     raw, out = toy / "raw", toy / "out"
     out.mkdir()
@@ -326,6 +334,7 @@ def test_overwrite_replaces_a_prepared_directory_and_holds_out_valid(toy):
     assert leftovers(toy) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="../shared/data/multi30k not available")
 def test_multi30k(tmp_path):
     d, out = MULTI30K, tmp_path / "multi30k"
@@ -361,6 +370,7 @@ def preprocess_children(parent: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_killed_preparation_stops_its_child_and_the_rerun_cleans_up(toy):
     raw = toy / "raw"
@@ -378,6 +388,7 @@ def test_killed_preparation_stops_its_child_and_the_rerun_cleans_up(toy):
     assert leftovers(toy) == [] and (toy / "out" / "manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_preparation_of_an_output_being_prepared_is_refused(toy):
     raw = toy / "raw"
     with staging_dir(toy / "out"):  # as if another preparation of the same output were running

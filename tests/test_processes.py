@@ -36,6 +36,7 @@ def test_a_child_keeps_the_lock_after_its_launcher_let_go_and_frees_it_when_kill
     RunLock(tmp_path / ".lock", "run X").acquire().release()  # a stale lock file is taken over
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_run_logged_children_die_with_their_launcher(tmp_path):
     launcher = subprocess.Popen(
@@ -72,6 +73,7 @@ def test_update_progress_reports_at_most_every_interval_and_at_the_end():
     assert lines[1].startswith("[progress] trec seed 1: 300/300 updates (100%), ") and lines[1].endswith("ETA -")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
 def test_commands_end_on_ctrl_c_or_kill_with_one_line(signum, code):
     script = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler); "

@@ -146,6 +146,7 @@ def _parameters_in_checkpoint(path: Path) -> int:
     return sum(t.numel() for t in tensors.values())
 
 
+@pytest.mark.slow
 def test_score_explicit_data_bin(trained, tmp_path):
     root = trained
     out = tmp_path / "res" / "toy.json"
@@ -176,6 +177,7 @@ def test_score_explicit_data_bin(trained, tmp_path):
     assert [sources[str(i)] for i in range(20)] == scoring.read_lines(root / "raw/test.en")
 
 
+@pytest.mark.slow
 def test_score_prepared_dir_and_run_dir(trained, tmp_path):
     root = trained
     data = tmp_path / "prepared"
@@ -201,6 +203,7 @@ def test_score_prepared_dir_and_run_dir(trained, tmp_path):
     assert result["checkpoint"] == str((root / "ckpt/checkpoint_last.pt").resolve())
 
 
+@pytest.mark.slow
 def test_stray_carriage_return_in_a_reference_line(trained, tmp_path):
     root = trained
     lines = scoring.read_lines(root / "raw/test.de")
@@ -223,6 +226,7 @@ def test_stray_carriage_return_in_a_reference_line(trained, tmp_path):
     assert result["bleu"] == scoring.bleu_scores(hyps, lines, "de")  # BLEU takes the CR for a space
 
 
+@pytest.mark.slow
 def test_missing_checkpoint_is_an_error(trained, tmp_path):
     out = tmp_path / "r.json"
     proc = score("--checkpoint", str(tmp_path / "nope.pt"), "--data-bin", str(trained / "bin"), "--reference",
@@ -232,6 +236,7 @@ def test_missing_checkpoint_is_an_error(trained, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["exists", "empty_reference", "missing_reference", "not_utf8_reference",
                                   "unknown_test"])
 def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
@@ -272,6 +277,7 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
         assert out.read_text() == "{}"
 
 
+@pytest.mark.slow
 def test_checkpoint_info_counts_the_built_model(trained):
     info = scoring.checkpoint_info(trained / "ckpt/checkpoint_last.pt", trained / "bin")
     assert info.arch == "transformer_mtsa_tiny"

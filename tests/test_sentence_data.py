@@ -401,6 +401,7 @@ def test_missing_and_empty_input_files(tmp_path):
     assert not (tmp_path / "out").exists() and hidden(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_blank_trec_file_is_refused_before_the_holdout(tmp_path):
     root = trec_dir(tmp_path / "in", train=b" \n\n\t \r\n")
     proc = run_script("trec", "--input", root, "--out", tmp_path / "out", "--valid-fraction", "0.1")
@@ -445,6 +446,7 @@ def test_existing_output_directory(tmp_path):
     assert hidden(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_script_end_to_end(tmp_path):
     root = sick_dir(tmp_path / "in", [])
     out = tmp_path / "out"
@@ -582,6 +584,7 @@ def sst_counts(tree_lines: list[str]) -> tuple[Counter, int]:
     return labels, sum(1 for line in tree_lines if line.startswith("(2 "))
 
 
+@pytest.mark.slow
 def test_sst_real(tmp_path):
     root = real("sst_ptb")
     train_raw, dev_raw, test_raw = (lines(root / f) for f in ("train.txt", "dev.txt", "test.txt"))

@@ -16,6 +16,8 @@ from process_helpers import trainers_on, wait_for
 from mtsa_fairseq.sentence_experiment import ExperimentError, load_task_config
 from mtsa_fairseq.train_config import options_to_args, parse_fairseq_train
 
+pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
 BIN = Path(sys.executable).parent

@@ -164,6 +164,7 @@ def test_table6_markdown(results):
     assert row in text
 
 
+@pytest.mark.slow
 def test_script_writes_report_json_and_png(results, tmp_path):
     _, files = results
     out = tmp_path / "report"
@@ -185,6 +186,7 @@ def test_script_writes_report_json_and_png(results, tmp_path):
     assert width > height > 100  # two panels side by side
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["one_run", "line_count"])
 def test_script_errors_write_nothing(results, tmp_path, case):
     root, files = results

@@ -1,5 +1,6 @@
 """The training configs in configs/: structure, fairseq-train's parser, and the numbers of docs/reference.md §1.4."""
 
+import argparse
 import re
 from pathlib import Path
 
@@ -204,3 +205,23 @@ def test_load_yaml_allows_merge_keys_to_be_overridden(tmp_path):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_mtsa_options_are_declared_once_and_applied_by_every_arch():
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from mtsa_fairseq.models.transformer_mtsa import MTSA_OPTIONS, TransformerMTSAModel
+
+    parser = argparse.ArgumentParser()
+    TransformerMTSAModel.add_args(parser)
+    helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
+    for option in MTSA_OPTIONS:
+        assert option.flag in helps and (isinstance(option.default, bool) or helps[option.flag].endswith(
+            f"default {option.default}"))
+    for arch in [a for a in ARCH_CONFIG_REGISTRY if a.startswith("transformer_mtsa")]:
+        args = parser.parse_args([])
+        ARCH_CONFIG_REGISTRY[arch](args)
+        assert {o.dest: getattr(args, o.dest) for o in MTSA_OPTIONS} == {o.dest: o.default for o in MTSA_OPTIONS}
+    args = parser.parse_args(["--mtsa-s2t-activation", "exp", "--mtsa-bi-directional"])
+    ARCH_CONFIG_REGISTRY["transformer_mtsa_wmt_en_de"](args)
+    assert args.mtsa_s2t_activation == "exp" and args.mtsa_bi_directional is True

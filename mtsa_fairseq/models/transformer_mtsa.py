@@ -9,6 +9,8 @@ their hooks (``build_encoder``/``build_decoder``, ``build_encoder_layer``/``buil
 from __future__ import annotations
 
 from argparse import ArgumentParser, Namespace
+from dataclasses import dataclass
+from typing import Any
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -21,31 +23,71 @@ from torch import nn
 from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
 from ..modules.per_head import ACTIVATIONS
 
-MTSA_DEFAULTS = {  # what the authors ran (reference §1.3, Setup 2)
-    "encoder_self_attention_type": "mtsa",
-    "decoder_self_attention_type": "standard",
-    "mtsa_s2t_input": "v",
-    "mtsa_s2t_activation": "scaled_sigmoid",
-    "mtsa_s2t_bias_init": 0.0,
-    "mtsa_s2t_hidden_activation": "none",
-    "mtsa_bi_directional": False,
-}
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option of the MTSA architectures: its flag, default and help, declared once."""
+
+    flag: str
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    type: type | None = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, group) -> None:
+        if isinstance(self.default, bool):
+            group.add_argument(self.flag, action="store_true", help=self.help)
+        else:
+            group.add_argument(self.flag, choices=self.choices, type=self.type, metavar=self.metavar,
+                               help=f"{self.help}; default {self.default}")
+
+
+# The defaults are what the authors ran (reference §1.3, §1.4: Setup 2).
+MTSA_OPTIONS = (
+    Option("--encoder-self-attention-type", "mtsa", "MTSA or fairseq's multi-head attention in the encoder "
+           "(ablation)", choices=("mtsa", "standard")),
+    Option("--decoder-self-attention-type", "standard", "fairseq's multi-head attention (as the authors ran) or "
+           "causal MTSA with cached incremental decoding in the decoder self-attention; MTSA there needs a sigmoid "
+           "--mtsa-s2t-activation", choices=("standard", "mtsa")),
+    Option("--mtsa-s2t-input", "v", "source2token input: per-head values v (authors' runs) or keys k",
+           choices=S2T_INPUTS),
+    Option("--mtsa-s2t-activation", "scaled_sigmoid", "source2token activation; scaled_* divide the logits by "
+           "sqrt(d_head)", choices=S2T_ACTIVATIONS),
+    Option("--mtsa-s2t-bias-init", 0.0, "initial source2token bias (bias_start): 5 in Setup 1", type=float,
+           metavar="B"),
+    Option("--mtsa-s2t-hidden-activation", "none", "activation of an extra per-head source2token layer "
+           "(afn_extra); none = the single layer the authors ran", choices=("none", *sorted(ACTIVATIONS))),
+    Option("--mtsa-bi-directional", False, "forward masks on the first half of the encoder heads, backward on the "
+           "rest (diagonal included); off as the authors ran; the decoder is always causal"),
+)
+_DEFAULTS = {option.dest: option.default for option in MTSA_OPTIONS}
+
+
+def mtsa_option(cfg: Namespace | TransformerConfig, name: str) -> Any:
+    """The MTSA option ``name`` of ``cfg`` (its default from :data:`MTSA_OPTIONS` where unset)."""
+    value = getattr(cfg, name, None)
+    return _DEFAULTS[name] if value is None else value
 
 
 def _mtsa_attention(
     layer: nn.Module, embed_dim: int, num_heads: int, cfg: TransformerConfig, **masks: bool
 ) -> MTSAMultiheadAttention:
     """MTSA with the ``--mtsa-*`` options shared by encoder and decoder, and the layer's quant-noise."""
-    hidden = getattr(cfg, "mtsa_s2t_hidden_activation", "none")
+    hidden = mtsa_option(cfg, "mtsa_s2t_hidden_activation")
     return MTSAMultiheadAttention(
         embed_dim,
         num_heads,
         dropout=cfg.attention_dropout,
         q_noise=layer.quant_noise,
         qn_block_size=layer.quant_noise_block_size,
-        s2t_input=getattr(cfg, "mtsa_s2t_input", "v"),
-        s2t_activation=getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid"),
-        s2t_bias_init=getattr(cfg, "mtsa_s2t_bias_init", 0.0),
+        s2t_input=mtsa_option(cfg, "mtsa_s2t_input"),
+        s2t_activation=mtsa_option(cfg, "mtsa_s2t_activation"),
+        s2t_bias_init=mtsa_option(cfg, "mtsa_s2t_bias_init"),
         s2t_hidden_activation=None if hidden == "none" else hidden,
         **masks,
     )
@@ -63,9 +105,9 @@ class MTSAEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer whose self-attention is :class:`MTSAMultiheadAttention`."""
 
     def build_self_attention(self, embed_dim: int, cfg: TransformerConfig) -> nn.Module:
-        if getattr(cfg, "encoder_self_attention_type", "mtsa") != "mtsa":
+        if mtsa_option(cfg, "encoder_self_attention_type") != "mtsa":
             return super().build_self_attention(embed_dim, cfg)
-        bi_directional = getattr(cfg, "mtsa_bi_directional", False)
+        bi_directional = mtsa_option(cfg, "mtsa_bi_directional")
         if bi_directional and cfg.encoder.attention_heads % 2:
             raise ValueError(
                 "--mtsa-bi-directional splits the heads into forward and backward halves and needs an even "
@@ -81,14 +123,14 @@ class MTSADecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(
         self, embed_dim: int, cfg: TransformerConfig, add_bias_kv: bool = False, add_zero_attn: bool = False
     ) -> nn.Module:
-        if getattr(cfg, "decoder_self_attention_type", "standard") != "mtsa":
+        if mtsa_option(cfg, "decoder_self_attention_type") != "mtsa":
             return super().build_self_attention(embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         if cfg.cross_self_attention or add_bias_kv or add_zero_attn:
             raise ValueError(
                 "--decoder-self-attention-type mtsa is a plain causal self-attention: it cannot be combined with "
                 "--cross-self-attention, add_bias_kv or add_zero_attn"
             )
-        activation = getattr(cfg, "mtsa_s2t_activation", "scaled_sigmoid")
+        activation = mtsa_option(cfg, "mtsa_s2t_activation")
         if not activation.endswith("sigmoid"):
             raise ValueError(
                 "--decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or scaled_sigmoid, got "
@@ -122,25 +164,8 @@ class TransformerMTSAModel(TransformerModel):
     def add_args(parser: ArgumentParser) -> None:
         TransformerModel.add_args(parser)
         group = parser.add_argument_group("MTSA self-attention")
-        group.add_argument("--encoder-self-attention-type", choices=["mtsa", "standard"],
-                           help="MTSA or fairseq's multi-head attention in the encoder (ablation); default mtsa")
-        group.add_argument("--decoder-self-attention-type", choices=["standard", "mtsa"],
-                           help="fairseq's multi-head attention (default, as the authors ran) or causal MTSA "
-                                "with cached incremental decoding in the decoder self-attention; MTSA there "
-                                "needs a sigmoid --mtsa-s2t-activation")
-        group.add_argument("--mtsa-s2t-input", choices=S2T_INPUTS,
-                           help="source2token input: per-head values v (authors' runs) or keys k; default v")
-        group.add_argument("--mtsa-s2t-activation", choices=S2T_ACTIVATIONS,
-                           help="source2token activation; scaled_* divide the logits by sqrt(d_head); "
-                                "default scaled_sigmoid")
-        group.add_argument("--mtsa-s2t-bias-init", type=float,
-                           help="initial source2token bias (bias_start): 0 default, 5 in Setup 1")
-        group.add_argument("--mtsa-s2t-hidden-activation", choices=["none", *sorted(ACTIVATIONS)],
-                           help="activation of an extra per-head source2token layer (afn_extra); "
-                                "default none = the single layer the authors ran")
-        group.add_argument("--mtsa-bi-directional", action="store_true",
-                           help="forward masks on the first half of the encoder heads, backward on the rest "
-                                "(diagonal included); off as the authors ran; the decoder is always causal")
+        for option in MTSA_OPTIONS:
+            option.add_to(group)
 
     @classmethod
     def build_encoder(cls, args: Namespace, src_dict, embed_tokens) -> TransformerEncoder:
@@ -154,9 +179,8 @@ class TransformerMTSAModel(TransformerModel):
 
 
 def _mtsa_defaults(args: Namespace) -> None:
-    for name, value in MTSA_DEFAULTS.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+    for name in _DEFAULTS:
+        setattr(args, name, mtsa_option(args, name))
 
 
 def _register(arch: str, fairseq_arch) -> None:

@@ -225,3 +225,22 @@ def test_mtsa_options_are_declared_once_and_applied_by_every_arch():
     args = parser.parse_args(["--mtsa-s2t-activation", "exp", "--mtsa-bi-directional"])
     ARCH_CONFIG_REGISTRY["transformer_mtsa_wmt_en_de"](args)
     assert args.mtsa_s2t_activation == "exp" and args.mtsa_bi_directional is True
+
+
+def test_sentence_encoder_options_are_declared_once_and_each_arch_sets_only_its_own():
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from mtsa_fairseq.models.sentence_encoder import ARCHS, SENTENCE_OPTIONS, SentenceEncoderModel
+
+    parser = argparse.ArgumentParser()
+    SentenceEncoderModel.add_args(parser)
+    dests = {o.dest for o in SENTENCE_OPTIONS}
+    for arch, (_, defaults) in ARCHS.items():
+        assert set(defaults) <= dests
+        args = parser.parse_args([])
+        ARCH_CONFIG_REGISTRY[arch](args)
+        assert {o.dest: getattr(args, o.dest) for o in SENTENCE_OPTIONS} == {o.dest: defaults.get(o.dest, o.default)
+                                                                            for o in SENTENCE_OPTIONS}
+    args = parser.parse_args(["--encoder-hidden-dim", "64", "--token2token", "sigmoid"])
+    ARCH_CONFIG_REGISTRY["fast_disa_encoder"](args)  # the user's options win over the architecture's
+    assert (args.encoder_hidden_dim, args.token2token, args.encoder_activation) == (64, "sigmoid", "relu")

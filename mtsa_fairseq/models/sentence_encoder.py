@@ -34,9 +34,41 @@ from ..modules import (
 )
 from ..modules.per_head import ACTIVATIONS, activation
 from ..modules.word_embedding import OOV_INITS, WordEmbedding, read_vectors
+from .options import Option, apply_defaults
 
 ENCODERS = ("mtsa", "disan", "disan_undirected", "stacked_mtsa", "bilstm", "multi_cnn", "hrchy_cnn", "multi_head")
 RELATEDNESS_CLASSES = 5  # SICK scores 1..5
+
+# Every option of the sentence_encoder model, with the default an architecture falls back on (see ARCHS).
+SENTENCE_OPTIONS = (
+    Option("--encoder", "mtsa", "sentence encoder (set by the architecture)", choices=ENCODERS),
+    Option("--embed-dim", 300, "word embedding width", type=int, metavar="N"),
+    Option("--embedding-path", None, "GloVe or word2vec text file (.gz ok) to initialise the embeddings; default: "
+           "random init of every training word (--oov-init)", metavar="FILE"),
+    Option("--oov-init", "uniform", "training words without a pretrained vector: uniform U(-0.05, 0.05) (SNLI) or "
+           "normal N(0, 1) (SST); reference §3.1", choices=OOV_INITS),
+    Option("--oov-init-scale", None, "scale of --oov-init: U(-A, A) or N(0, A^2) (default 0.05 uniform, 1 normal, "
+           "the authors'); e.g. 0.25 for Kim (2014)'s CNN-rand U(-0.25, 0.25)", type=float, metavar="A"),
+    Option("--encoder-hidden-dim", 600, "MTSA: hn (split over heads); Bi-LSTM: units per direction; Multi-CNN: "
+           "filters per window; Hrchy-CNN: layer width; multi-head: units per head", type=int, metavar="N"),
+    Option("--encoder-heads", 2, "attention heads (MTSA: even)", type=int, metavar="N"),
+    Option("--encoder-layers", 1, "layers (stacked MTSA, Hrchy-CNN)", type=int, metavar="N"),
+    Option("--encoder-activation", "elu", "the code's activation_func_name: elu (SNLI) or relu (SST, TREC, CR, ...)",
+           choices=tuple(sorted(ACTIVATIONS))),
+    Option("--token2token", "sigmoid", "MTSA token2token activation: E_R = sigmoid(R) or exp(R)",
+           choices=("sigmoid", "exp")),
+    Option("--dropout", 0.0, "input dropout of every dense layer (the code's 1 - dense_keep_prob)", type=float,
+           metavar="P"),
+    Option("--attention-dropout", 0.0, "MTSA attention dropout (1 - attn_keep_prob; applied as keep sqrt(1 - P))",
+           type=float, metavar="P"),
+    Option("--disan-chunk-size", None, "DiSA query chunk (default: as many queries as fit 2^24 score elements)",
+           type=int, metavar="N"),
+    Option("--classifier-hidden-dim", 300, "classifier hidden width", type=int, metavar="N"),
+    Option("--classifier-activation", None, "classifier hidden activation (default: --encoder-activation)",
+           choices=tuple(sorted(ACTIVATIONS))),
+    Option("--classifier-highway", False, "a highway layer after the classifier's hidden layer (MTSA's SNLI model)"),
+    Option("--classifier-no-output-bias", False, "no bias on the output layer (the SST models)"),
+)
 
 
 def _dense(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
@@ -130,39 +162,8 @@ class SentenceEncoderModel(BaseFairseqModel):
 
     @staticmethod
     def add_args(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--encoder", choices=ENCODERS, help="sentence encoder (set by the architecture)")
-        parser.add_argument("--embed-dim", type=int, metavar="N", help="word embedding width (300)")
-        parser.add_argument("--embedding-path", metavar="FILE",
-                            help="GloVe or word2vec text file (.gz ok) to initialise the embeddings; "
-                                 "default: random init of every training word (--oov-init)")
-        parser.add_argument("--oov-init", choices=OOV_INITS,
-                            help="training words without a pretrained vector: uniform U(-0.05, 0.05) (SNLI) "
-                                 "or normal N(0, 1) (SST); reference §3.1")
-        parser.add_argument("--oov-init-scale", type=float, metavar="A",
-                            help="scale of --oov-init: U(-A, A) or N(0, A^2) (default 0.05 uniform, 1 normal, "
-                                 "the authors'); e.g. 0.25 for Kim (2014)'s CNN-rand U(-0.25, 0.25)")
-        parser.add_argument("--encoder-hidden-dim", type=int, metavar="N",
-                            help="MTSA: hn (split over heads); Bi-LSTM: units per direction; Multi-CNN: filters "
-                                 "per window; Hrchy-CNN: layer width; multi-head: units per head")
-        parser.add_argument("--encoder-heads", type=int, metavar="N", help="attention heads (MTSA: even)")
-        parser.add_argument("--encoder-layers", type=int, metavar="N", help="layers (stacked MTSA, Hrchy-CNN)")
-        parser.add_argument("--encoder-activation", choices=sorted(ACTIVATIONS),
-                            help="the code's activation_func_name: elu (SNLI) or relu (SST, TREC, CR, ...)")
-        parser.add_argument("--token2token", choices=("sigmoid", "exp"),
-                            help="MTSA token2token activation: E_R = sigmoid(R) or exp(R)")
-        parser.add_argument("--dropout", type=float, metavar="P",
-                            help="input dropout of every dense layer (the code's 1 - dense_keep_prob)")
-        parser.add_argument("--attention-dropout", type=float, metavar="P",
-                            help="MTSA attention dropout (1 - attn_keep_prob; applied as keep sqrt(1 - P))")
-        parser.add_argument("--disan-chunk-size", type=int, metavar="N",
-                            help="DiSA query chunk (default: as many queries as fit 2^24 score elements)")
-        parser.add_argument("--classifier-hidden-dim", type=int, metavar="N", help="classifier hidden width (300)")
-        parser.add_argument("--classifier-activation", choices=sorted(ACTIVATIONS),
-                            help="classifier hidden activation (default: --encoder-activation)")
-        parser.add_argument("--classifier-highway", action="store_true",
-                            help="a highway layer after the classifier's hidden layer (MTSA's SNLI model)")
-        parser.add_argument("--classifier-no-output-bias", action="store_true",
-                            help="no bias on the output layer (the SST models)")
+        for option in SENTENCE_OPTIONS:
+            option.add_to(parser)
 
     @classmethod
     def build_model(cls, args: argparse.Namespace, task) -> SentenceEncoderModel:
@@ -210,104 +211,46 @@ class SentenceEncoderModel(BaseFairseqModel):
 
 
 def sentence_encoder_base(args: argparse.Namespace) -> None:
-    args.encoder = getattr(args, "encoder", None) or "mtsa"
-    args.embed_dim = getattr(args, "embed_dim", None) or 300
-    args.embedding_path = getattr(args, "embedding_path", None)
-    args.oov_init = getattr(args, "oov_init", None) or "uniform"
-    args.oov_init_scale = getattr(args, "oov_init_scale", None)
-    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
-    args.encoder_heads = getattr(args, "encoder_heads", None) or 2
-    args.encoder_layers = getattr(args, "encoder_layers", None) or 1
-    args.encoder_activation = getattr(args, "encoder_activation", None) or "elu"
-    args.token2token = getattr(args, "token2token", None) or "sigmoid"
-    args.dropout = getattr(args, "dropout", None) or 0.0
-    args.attention_dropout = getattr(args, "attention_dropout", None) or 0.0
-    args.disan_chunk_size = getattr(args, "disan_chunk_size", None)
-    args.classifier_hidden_dim = getattr(args, "classifier_hidden_dim", None) or 300
-    args.classifier_activation = getattr(args, "classifier_activation", None)
-    args.classifier_highway = getattr(args, "classifier_highway", False)
-    args.classifier_no_output_bias = getattr(args, "classifier_no_output_bias", False)
+    """Fill every option the user left unset with its default (:data:`SENTENCE_OPTIONS`)."""
+    apply_defaults(args, SENTENCE_OPTIONS)
 
 
-@register_model_architecture("sentence_encoder", "mtsa_encoder")
-def mtsa_encoder(args: argparse.Namespace) -> None:
-    """MTSA as in the SNLI/SST code (reference §3.1, §9.8): 2 heads x 300, E_R = sigmoid(q.k / sqrt(300))
-    with strict forward/backward masks, E_S = exp of a 2-layer source2token on v, fusion gate, pooling."""
-    args.encoder = "mtsa"
-    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
-    args.encoder_heads = getattr(args, "encoder_heads", None) or 2
-    args.token2token = getattr(args, "token2token", None) or "sigmoid"
-    sentence_encoder_base(args)
+# Each architecture: its docstring and the defaults it sets before SENTENCE_OPTIONS' (the user's options win).
+ARCHS = {
+    "mtsa_encoder": ("MTSA as in the SNLI/SST code (reference §3.1, §9.8): 2 heads x 300, E_R = sigmoid(q.k / "
+                     "sqrt(300)) with strict forward/backward masks, E_S = exp of a 2-layer source2token on v, fusion "
+                     "gate, pooling.", {"encoder": "mtsa"}),
+    "fast_disa_encoder": ("Fast-DiSA: its released ``fast_directional_self_attention`` is line for line the MTSA API "
+                          "(reference §5), so this is the same model with that function's defaults: 2 heads, E_R = "
+                          "exp(q.k / sqrt(d)) with strict forward/backward masks, relu, fusion gate.",
+                          {"encoder": "mtsa", "token2token": "exp", "encoder_activation": "relu"}),
+    "disan_encoder": ("DiSAN (reference §4): forward and backward DiSA blocks of the embedding width, pooled to 600.",
+                      {"encoder": "disan"}),
+    "disan_undirected_encoder": ('The papers\' "DiSAN without directions": both DiSA blocks use the ``i != j`` mask.',
+                                 {"encoder": "disan_undirected"}),
+    "stacked_mtsa_encoder": ("``stacking_mtsa`` (reference §2.5) over the embeddings, pooled: 10 layers; 10 heads of "
+                             "30 (the API's 8 heads do not divide 300).",
+                             {"encoder": "stacked_mtsa", "encoder_heads": 10, "encoder_layers": 10,
+                              "token2token": "exp", "encoder_activation": "relu"}),
+    "bilstm_encoder": ("Bi-LSTM baseline, 600D (300 per direction), pooled.",
+                       {"encoder": "bilstm", "encoder_hidden_dim": 300}),
+    "multi_cnn_encoder": ("Multi-window CNN baseline: windows 3/4/5, 200 filters each (600D), pooled.",
+                          {"encoder": "multi_cnn", "encoder_hidden_dim": 200}),
+    "hrchy_cnn_encoder": ("Hierarchical CNN baseline: 3 gated residual convolution layers of 300, pooled.",
+                          {"encoder": "hrchy_cnn", "encoder_hidden_dim": 300, "encoder_layers": 3}),
+    "multi_head_encoder": ("Multi-head attention baseline: 8 heads x 75 (600D) with sinusoidal positions, pooled.",
+                           {"encoder": "multi_head", "encoder_heads": 8, "encoder_hidden_dim": 75}),
+}
 
 
-@register_model_architecture("sentence_encoder", "fast_disa_encoder")
-def fast_disa_encoder(args: argparse.Namespace) -> None:
-    """Fast-DiSA: its released ``fast_directional_self_attention`` is line for line the MTSA API (reference
-    §5), so this is the same model with that function's defaults: 2 heads, E_R = exp(q.k / sqrt(d)) with
-    strict forward/backward masks, relu, fusion gate."""
-    args.encoder = "mtsa"
-    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 600
-    args.encoder_heads = getattr(args, "encoder_heads", None) or 2
-    args.token2token = getattr(args, "token2token", None) or "exp"
-    args.encoder_activation = getattr(args, "encoder_activation", None) or "relu"
-    sentence_encoder_base(args)
+def _register(arch: str, doc: str, defaults: dict) -> None:
+    def arch_fn(args: argparse.Namespace) -> None:
+        args.encoder = defaults["encoder"]  # the architecture is the encoder
+        apply_defaults(args, SENTENCE_OPTIONS, **defaults)
+
+    arch_fn.__name__, arch_fn.__doc__ = arch, doc
+    register_model_architecture("sentence_encoder", arch)(arch_fn)
 
 
-@register_model_architecture("sentence_encoder", "disan_encoder")
-def disan_encoder(args: argparse.Namespace) -> None:
-    """DiSAN (reference §4): forward and backward DiSA blocks of the embedding width, pooled to 600."""
-    args.encoder = "disan"
-    sentence_encoder_base(args)
-
-
-@register_model_architecture("sentence_encoder", "disan_undirected_encoder")
-def disan_undirected_encoder(args: argparse.Namespace) -> None:
-    """The papers' "DiSAN without directions": both DiSA blocks use the ``i != j`` mask."""
-    args.encoder = "disan_undirected"
-    sentence_encoder_base(args)
-
-
-@register_model_architecture("sentence_encoder", "stacked_mtsa_encoder")
-def stacked_mtsa_encoder(args: argparse.Namespace) -> None:
-    """``stacking_mtsa`` (reference §2.5) over the embeddings, pooled: 10 layers; 10 heads of 30 (the API's
-    8 heads do not divide 300)."""
-    args.encoder = "stacked_mtsa"
-    args.encoder_heads = getattr(args, "encoder_heads", None) or 10
-    args.encoder_layers = getattr(args, "encoder_layers", None) or 10
-    args.token2token = getattr(args, "token2token", None) or "exp"
-    args.encoder_activation = getattr(args, "encoder_activation", None) or "relu"
-    sentence_encoder_base(args)
-
-
-@register_model_architecture("sentence_encoder", "bilstm_encoder")
-def bilstm_encoder(args: argparse.Namespace) -> None:
-    """Bi-LSTM baseline, 600D (300 per direction), pooled."""
-    args.encoder = "bilstm"
-    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 300
-    sentence_encoder_base(args)
-
-
-@register_model_architecture("sentence_encoder", "multi_cnn_encoder")
-def multi_cnn_encoder(args: argparse.Namespace) -> None:
-    """Multi-window CNN baseline: windows 3/4/5, 200 filters each (600D), pooled."""
-    args.encoder = "multi_cnn"
-    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 200
-    sentence_encoder_base(args)
-
-
-@register_model_architecture("sentence_encoder", "hrchy_cnn_encoder")
-def hrchy_cnn_encoder(args: argparse.Namespace) -> None:
-    """Hierarchical CNN baseline: 3 gated residual convolution layers of 300, pooled."""
-    args.encoder = "hrchy_cnn"
-    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 300
-    args.encoder_layers = getattr(args, "encoder_layers", None) or 3
-    sentence_encoder_base(args)
-
-
-@register_model_architecture("sentence_encoder", "multi_head_encoder")
-def multi_head_encoder(args: argparse.Namespace) -> None:
-    """Multi-head attention baseline: 8 heads x 75 (600D) with sinusoidal positions, pooled."""
-    args.encoder = "multi_head"
-    args.encoder_heads = getattr(args, "encoder_heads", None) or 8
-    args.encoder_hidden_dim = getattr(args, "encoder_hidden_dim", None) or 75
-    sentence_encoder_base(args)
+for _arch, (_doc, _defaults) in ARCHS.items():
+    _register(_arch, _doc, _defaults)

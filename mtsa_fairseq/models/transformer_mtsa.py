@@ -9,7 +9,6 @@ their hooks (``build_encoder``/``build_decoder``, ``build_encoder_layer``/``buil
 from __future__ import annotations
 
 from argparse import ArgumentParser, Namespace
-from dataclasses import dataclass
 from typing import Any
 
 from fairseq.distributed import fsdp_wrap
@@ -22,30 +21,7 @@ from torch import nn
 
 from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
 from ..modules.per_head import ACTIVATIONS
-
-
-@dataclass(frozen=True)
-class Option:
-    """One command-line option of the MTSA architectures: its flag, default and help, declared once."""
-
-    flag: str
-    default: Any
-    help: str
-    choices: tuple[str, ...] | None = None
-    type: type | None = None
-    metavar: str | None = None
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
-
-    def add_to(self, group) -> None:
-        if isinstance(self.default, bool):
-            group.add_argument(self.flag, action="store_true", help=self.help)
-        else:
-            group.add_argument(self.flag, choices=self.choices, type=self.type, metavar=self.metavar,
-                               help=f"{self.help}; default {self.default}")
-
+from .options import Option, apply_defaults, option_value
 
 # The defaults are what the authors ran (reference §1.3, §1.4: Setup 2).
 MTSA_OPTIONS = (
@@ -65,13 +41,12 @@ MTSA_OPTIONS = (
     Option("--mtsa-bi-directional", False, "forward masks on the first half of the encoder heads, backward on the "
            "rest (diagonal included); off as the authors ran; the decoder is always causal"),
 )
-_DEFAULTS = {option.dest: option.default for option in MTSA_OPTIONS}
+_BY_DEST = {option.dest: option for option in MTSA_OPTIONS}
 
 
 def mtsa_option(cfg: Namespace | TransformerConfig, name: str) -> Any:
     """The MTSA option ``name`` of ``cfg`` (its default from :data:`MTSA_OPTIONS` where unset)."""
-    value = getattr(cfg, name, None)
-    return _DEFAULTS[name] if value is None else value
+    return option_value(cfg, _BY_DEST[name])
 
 
 def _mtsa_attention(
@@ -178,14 +153,9 @@ class TransformerMTSAModel(TransformerModel):
         )
 
 
-def _mtsa_defaults(args: Namespace) -> None:
-    for name in _DEFAULTS:
-        setattr(args, name, mtsa_option(args, name))
-
-
 def _register(arch: str, fairseq_arch) -> None:
     def arch_fn(args: Namespace) -> None:
-        _mtsa_defaults(args)
+        apply_defaults(args, MTSA_OPTIONS)
         fairseq_arch(args)
 
     arch_fn.__doc__ = f"{fairseq_arch.__name__} with MTSA encoder self-attention."

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from process_helpers import trainers_on, wait_for
 
 from mtsa_fairseq.toy_corpus import write_corpus
 
@@ -116,3 +117,27 @@ def test_config_that_does_not_fit_the_data_is_refused_before_training(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith(
         f"error: train_seeds.py: {system}: source-lang 'fr' differs from the data's 'en' (log: ")
     assert (tmp_path / "out" / "data" / "manifest.json").is_file() and not (tmp_path / "out" / "runs").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killed_pipeline_leaves_no_trainer_and_a_second_one_is_refused(tmp_path):
+    write_corpus(tmp_path / "raw", {"train": 200, "valid": 20, "test": 10}, seed=5)
+    raw = {s: [str(tmp_path / "raw" / f"{s}.{lang}") for lang in ("en", "de")] for s in ("train", "valid", "test")}
+    base, system = tiny_config(tmp_path, "demo_transformer"), tiny_config(tmp_path, "demo_mtsa")
+    base.write_text(base.read_text().replace("max-update: 150", "max-update: 100000"))
+    out = tmp_path / "out"
+    args = [sys.executable, str(PIPELINE), "--out", str(out), "--train", *raw["train"], "--valid", *raw["valid"],
+            "--test", "toy", *raw["test"], "--vocab-size", "60", "--baseline-config", str(base), "--system-config",
+            str(system), "--threads", "1"]
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    run_dir = out / "runs" / "tiny_transformer" / "seed1"
+    wait_for(lambda: trainers_on(run_dir), "the first trainer", timeout=300)
+    second = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=300)
+    assert second.returncode == 1 and second.stderr.strip().splitlines()[-1] == (
+        f"error: pipeline output {out} is in use by pipeline pid {first.pid}; wait for it to finish or stop it, "
+        "then rerun")
+    first.kill()  # kill -9: train_seeds is told to stop, and stops its trainer
+    first.wait()
+    wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=60)
+    wait_for(lambda: json.loads((run_dir / "run.json").read_text())["status"] == "interrupted",
+             "train_seeds to record the run as interrupted", timeout=30)

@@ -40,5 +40,5 @@ else
 fi
 echo "[setup] 4/4 mtsa_fairseq (editable)"
 MTSA_FAIRSEQ_OWN_FAIRSEQ=1 "${pip[@]}" install -q --no-deps --no-build-isolation -e "$root"
-"$venv/bin/python" -c 'import fairseq, mtsa_fairseq; print("[setup] fairseq", fairseq.__version__, "ok")'
+"$venv/bin/python" -c 'import mtsa_fairseq, fairseq; print("[setup] fairseq", fairseq.__version__, "ok")'
 echo "$want" > "$stamp"

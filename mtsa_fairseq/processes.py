@@ -150,8 +150,9 @@ def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str]
         with open(log_path or os.devnull, "a", encoding="utf-8") as log:
             assert proc.stdout is not None
             for line in proc.stdout:
-                if echo:
+                if echo:  # line by line, also when stdout is a pipe
                     sys.stdout.write(line)
+                    sys.stdout.flush()
                 log.write(line)
                 log.flush()
                 lines.append(line)

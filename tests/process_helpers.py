@@ -20,6 +20,19 @@ def trainers_on(run_dir: Path) -> list[int]:
     return pids
 
 
+def children_of(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append(int(proc.name))
+    return found
+
+
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
     """The first true value of ``condition()``, polled every 0.2 s for at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

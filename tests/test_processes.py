@@ -3,9 +3,9 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
+from process_helpers import children_of, wait_for
 
 from mtsa_fairseq.processes import PROGRESS_PREFIX, LockBusy, RunLock, UpdateProgress, run_logged
 
@@ -43,13 +43,18 @@ def test_run_logged_children_die_with_their_launcher(tmp_path):
         [sys.executable, "-c", "import sys; from mtsa_fairseq.processes import run_logged; "
          f"run_logged([sys.executable, '-c', {HOLD!r}], None)"], stdout=subprocess.PIPE, text=True)
     assert launcher.stdout.readline() == "holding\n"
-    child = int(subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()[0])
+    child = wait_for(lambda: children_of(launcher.pid), "the launcher's child")[0]
     launcher.kill()
     launcher.wait()
-    deadline = time.monotonic() + 20
-    while os.path.exists(f"/proc/{child}") and "Z" not in open(f"/proc/{child}/stat").read().rsplit(")", 1)[1][:3]:
-        assert time.monotonic() < deadline, "the child outlived its launcher"
-        time.sleep(0.1)
+    wait_for(lambda: not _alive(child), "the child to die with its launcher", 20)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def test_run_logged_appends_to_the_log_and_passes_lines_on(tmp_path):

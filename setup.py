@@ -24,5 +24,5 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["mtsa_fairseq", "mtsa_fairseq.*"]),
     install_requires=requirements,
-    extras_require={"test": ["pytest>=8", "ruff>=0.6"]},
+    extras_require={"test": ["pytest>=8", "ruff>=0.6"], "triton": ["triton>=3.0,<4; platform_system == 'Linux'"]},
 )

@@ -1,13 +1,17 @@
 #!/usr/bin/env python
 """Peak memory and time of one forward+backward pass of self-attention, side by side:
 
-* ``mtsa``: :class:`MTSAMultiheadAttention` (projections + source2token + ``mtsa_core``, exp path);
+* ``mtsa``: :class:`MTSAMultiheadAttention` (projections + source2token + ``mtsa_core`` with ``kernel="auto"``:
+  two SDPA calls on CPU, the fused Triton kernel on CUDA when Triton is installed);
+* ``mtsa-sdpa`` and ``mtsa-triton``: the same module with the kernel fixed (``mtsa-triton`` needs CUDA);
 * ``naive``: the same module's projections with the authors' ``[B, H, L, L]`` algorithm (``mtsa_naive``);
-* ``mha``: fairseq's ``MultiheadAttention``.
+* ``mha``: fairseq's ``MultiheadAttention``;
+* ``mha-flash``: the MTSA module's q/k/v/out projections around one fused ``scaled_dot_product_attention``
+  call, i.e. multi-head attention on the flash kernel: the cost the Triton kernel aims at.
 
 Each (method, length) runs in a fresh subprocess: peak memory is the growth of the process's maximum
-resident set during one forward+backward pass (inputs and weights allocated before), time is the
-median of ``--repeats`` passes after one warm-up. Writes a Markdown table.
+resident set (CPU) or of ``max_memory_allocated`` (CUDA) during one forward+backward pass (inputs and weights
+allocated before), time is the median of ``--repeats`` passes after one warm-up. Writes a Markdown table.
 """
 
 from __future__ import annotations
@@ -22,53 +26,77 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("mtsa", "naive", "mha")
+METHODS = ("mtsa", "mtsa-sdpa", "mtsa-triton", "naive", "mha", "mha-flash")
+DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-triton", "mha-flash", "mha")}
 
 
-def measure(method: str, length: int, batch: int, dim: int, heads: int, repeats: int) -> dict:
+def measure(method: str, length: int, args: argparse.Namespace) -> dict:
     import torch
+    import torch.nn.functional as F
     from fairseq.modules import MultiheadAttention
 
+    from mtsa_fairseq.benchmarking import synchronize
     from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
     from mtsa_fairseq.modules.mtsa_reference import mtsa_naive
 
+    batch, dim, heads, device = args.batch, args.dim, args.heads, args.device
+    dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     if method == "mha":
         module = MultiheadAttention(dim, heads, self_attention=True)
     else:
         module = MTSAMultiheadAttention(dim, heads)
+        module.kernel = {"mtsa-sdpa": "sdpa", "mtsa-triton": "triton"}.get(method, "auto")
+    module = module.to(device=device, dtype=dtype)
 
     def step(x, pad):
         n = x.shape[0]
-        if method != "naive":
+        if method in ("mtsa", "mtsa-sdpa", "mtsa-triton", "mha"):
             return module(x, x, x, key_padding_mask=pad)[0]
 
         def split(t):
             return t.view(n, batch, heads, dim // heads).permute(1, 2, 0, 3)
 
         q, k, v = split(module.q_proj(x)), split(module.k_proj(x)), split(module.v_proj(x))
-        out = mtsa_naive(q, k, v, module.source2token(v, pad), pad)
+        if method == "naive":
+            s2t = module.source2token(v)
+            e_s = torch.sigmoid(s2t) if module.s2t_activation.endswith("sigmoid") else torch.exp(s2t)
+            out = mtsa_naive(q, k, v, e_s, pad)
+        else:  # mha-flash
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
         return module.out_proj(out.permute(2, 0, 1, 3).reshape(n, batch, dim))
 
     def inputs(n):
-        x = torch.randn(n, batch, dim, requires_grad=True)
-        pad = torch.zeros(batch, n, dtype=torch.bool)
+        x = torch.randn(n, batch, dim, device=device, dtype=dtype, requires_grad=True)
+        pad = torch.zeros(batch, n, dtype=torch.bool, device=device)
         pad[-1, : n // 8] = True  # one left-padded row, as fairseq batches sources
         return x, pad
 
-    module.train()
-    step(*inputs(16)).sum().backward()  # one-time library initialisation, outside the measurement
-    module.zero_grad(set_to_none=True)
-    x, pad = inputs(length)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    step(x, pad).sum().backward()
-    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    times = []
-    for _ in range(repeats):
+    def one_pass(x, pad):
         x.grad = None
         module.zero_grad(set_to_none=True)
+        step(x, pad).float().sum().backward()
+
+    module.train()
+    one_pass(*inputs(16))  # one-time library initialisation (and kernel compilation), outside the measurement
+    x, pad = inputs(length)
+    synchronize(device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        one_pass(x, pad)
+        synchronize(device)
+        peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
+    else:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        one_pass(x, pad)
+        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    times = []
+    for _ in range(args.repeats):
+        synchronize(device)
         start = time.perf_counter()
-        step(x, pad).sum().backward()
+        one_pass(x, pad)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return {"peak_mb": peak_mb, "ms": 1000 * statistics.median(times)}
 
@@ -80,20 +108,31 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--methods", nargs="+", choices=METHODS,
+                        help="default: mtsa naive mha on CPU; mtsa-sdpa mtsa-triton mha-flash mha on CUDA")
     parser.add_argument("--out", type=Path, help="write the Markdown table (with a line of settings) here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "method:length", run in a subprocess
     args = parser.parse_args()
     if args.one:
         method, length = args.one.split(":")
-        print(json.dumps(measure(method, int(length), args.batch, args.dim, args.heads, args.repeats)))
+        print(json.dumps(measure(method, int(length), args)))
         return
     if args.out is not None and not args.out.parent.is_dir():
         parser.error(f"--out directory {args.out.parent} does not exist")
 
     import torch
 
-    from mtsa_fairseq.benchmarking import progress
+    from mtsa_fairseq.benchmarking import device_name, progress
+    from mtsa_fairseq.modules.mtsa_core import triton_available
+
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    args.methods = args.methods or list(DEFAULT_METHODS["cuda" if cuda else "cpu"])
+    if "mtsa-triton" in args.methods and not (cuda and triton_available()):
+        parser.error("mtsa-triton needs --device cuda and the triton package (pip install mtsa-fairseq[triton])")
 
     rows = []
     start = time.monotonic()
@@ -101,29 +140,32 @@ def main() -> None:
         row = {"L": length}
         for method in args.methods:
             cmd = [sys.executable, __file__, "--one", f"{method}:{length}", "--batch", str(args.batch),
-                   "--dim", str(args.dim), "--heads", str(args.heads), "--repeats", str(args.repeats)]
+                   "--dim", str(args.dim), "--heads", str(args.heads), "--repeats", str(args.repeats),
+                   "--device", args.device, "--dtype", args.dtype]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{method} at L={length} failed:\n{proc.stderr[-2000:]}")
             row[method] = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"{progress(done, len(args.lengths), start)} L={length:5d} {method:6s} "
+            print(f"{progress(done, len(args.lengths), start)} L={length:5d} {method:11s} "
                   f"peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms",
                   flush=True)
         rows.append(row)
 
     header = ["L"] + [f"{m} MB" for m in args.methods] + [f"{m} ms" for m in args.methods]
-    ratio_cols = [m for m in args.methods if m != "mha"] if "mha" in args.methods else []
-    header += [f"{m}/mha mem" for m in ratio_cols] + [f"{m}/mha time" for m in ratio_cols]
+    base = "mha-flash" if "mha-flash" in args.methods else "mha"
+    ratio_cols = [m for m in args.methods if m != base] if base in args.methods else []
+    header += [f"{m}/{base} mem" for m in ratio_cols] + [f"{m}/{base} time" for m in ratio_cols]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [str(row["L"])]
         cells += [f"{row[m]['peak_mb']:.1f}" for m in args.methods] + [f"{row[m]['ms']:.1f}" for m in args.methods]
-        cells += [f"{row[m]['peak_mb'] / max(row['mha']['peak_mb'], 1e-9):.2f}" for m in ratio_cols]
-        cells += [f"{row[m]['ms'] / row['mha']['ms']:.2f}" for m in ratio_cols]
+        cells += [f"{row[m]['peak_mb'] / max(row[base]['peak_mb'], 1e-9):.2f}" for m in ratio_cols]
+        cells += [f"{row[m]['ms'] / row[base]['ms']:.2f}" for m in ratio_cols]
         lines.append("| " + " | ".join(cells) + " |")
-    meta = (f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-            f"{torch.get_num_threads()} threads, batch {args.batch}, d_model {args.dim}, {args.heads} heads, "
-            f"forward+backward, median of {args.repeats}")
+    where = device_name(args.device) if cuda else (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, d_model {args.dim}, "
+            f"{args.heads} heads, forward+backward, median of {args.repeats}")
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -29,13 +29,15 @@ from pathlib import Path
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
 
 
-def build_model(arch: str, vocab: int, device: str, dtype: str):
+def build_model(arch: str, vocab: int, device: str, dtype: str, kernel: str = "auto"):
     """A fairseq translation task with a synthetic joined dictionary of ``vocab`` entries, and the
-    model of ``arch`` built through fairseq's own parser, arch defaults and task."""
+    model of ``arch`` built through fairseq's own parser, arch defaults and task; its MTSA layers run
+    ``mtsa_core`` with ``kernel``."""
     import torch
     from fairseq import options, tasks
 
     import mtsa_fairseq
+    from mtsa_fairseq.modules import MTSAMultiheadAttention
 
     with tempfile.TemporaryDirectory() as data:
         for lang in ("en", "de"):
@@ -47,6 +49,9 @@ def build_model(arch: str, vocab: int, device: str, dtype: str):
         task = tasks.setup_task(args)
         model = task.build_model(args)
         criterion = task.build_criterion(args)
+    for module in model.modules():
+        if isinstance(module, MTSAMultiheadAttention):
+            module.kernel = kernel
     return model.to(device=device, dtype=getattr(torch, dtype)).train(), criterion
 
 
@@ -69,7 +74,7 @@ def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
     """Growth of peak memory during one encoder forward+backward pass (run in a fresh process)."""
     from mtsa_fairseq.benchmarking import peak_growth_mb
 
-    model, _ = build_model(MODELS[name], args.vocab, args.device, args.dtype)
+    model, _ = build_model(MODELS[name], args.vocab, args.device, args.dtype, args.kernel)
     _encoder_pass(model, *_source_batch(args.batch, 16, args.vocab, args.device, 0))  # library initialisation
     tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
     model.zero_grad(set_to_none=True)
@@ -192,6 +197,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="parameter and activation dtype")
+    parser.add_argument("--kernel", default="auto", choices=["auto", "sdpa", "dense", "triton"],
+                        help="mtsa_core's kernel in the MTSA layers (auto: Triton on CUDA when installed, else SDPA)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
@@ -205,6 +212,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
+    if args.kernel == "triton" and not args.device.startswith("cuda"):
+        parser.error("--kernel triton runs on --device cuda")
     from mtsa_fairseq.benchmarking import can_measure, device_name, progress
 
     if not can_measure(args.device):
@@ -218,9 +227,11 @@ def main() -> None:
             parser.error(f"output directory {out.parent} does not exist")
 
     torch.manual_seed(0)
-    models = {name: build_model(arch, args.vocab, args.device, args.dtype) for name, arch in MODELS.items()}
+    models = {name: build_model(arch, args.vocab, args.device, args.dtype, args.kernel)
+              for name, arch in MODELS.items()}
     passthrough = ["--batch", str(args.batch), "--vocab", str(args.vocab), "--device", args.device,
-                   "--dtype", args.dtype] + (["--threads", str(args.threads)] if args.threads else [])
+                   "--dtype", args.dtype, "--kernel", args.kernel]
+    passthrough += ["--threads", str(args.threads)] if args.threads else []
     encoder = []
     start = time.monotonic()
     for done, length in enumerate(args.lengths, 1):
@@ -241,7 +252,7 @@ def main() -> None:
     tok_s = training_throughput(models, args)
     print(f"[bench] training {tok_s['transformer']:.1f} / {tok_s['mtsa']:.1f} target tokens/s", flush=True)
     settings = (f"{device_name(args.device)}, torch {torch.__version__}, {args.dtype}; encoder batch {args.batch}, "
-                f"median of {args.repeats}; vocab {args.vocab}")
+                f"median of {args.repeats}; vocab {args.vocab}; mtsa_core kernel {args.kernel}")
     result = {"settings": settings, "encoder": encoder,
               "training": {"steps": args.train_steps, "max_tokens": args.train_max_tokens, "tok_s": tok_s,
                            "ratio": tok_s["mtsa"] / tok_s["transformer"]}}

@@ -1,5 +1,8 @@
 import itertools
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -223,6 +226,8 @@ def test_exp_path_never_builds_an_l_by_l_tensor(direction, include_self, largest
         (dict(dropout_p=1.0), "dropout_p"),
         (dict(kernel="sdpa", token2token="sigmoid"), "not an exp form"),
         (dict(kernel="flex"), "for token2token='sigmoid'"),
+        (dict(kernel="cuda"), "kernel must be one of"),
+        (dict(s2t_activation="tanh"), "s2t_activation must be one of"),
     ],
 )
 def test_bad_arguments(kwargs, message):
@@ -256,3 +261,148 @@ def test_last_queries_equal_the_last_rows(t2t, kernel, direction, include_self, 
         tail = mtsa_core(q[:, :, -last:], k, v, s2t, pad, direction, include_self, t2t, kernel=kernel,
                          query_chunk_size=chunk)
         torch.testing.assert_close(tail, full[:, :, -last:], rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- numerics at large activations (reference §8.4)
+
+
+def max_rel(x, ref):
+    return ((x.detach().double() - ref.detach()).abs().max() / ref.detach().abs().max()).item()
+
+
+def extreme_inputs(s2t_activation):
+    """float64 leaves: scores spanning hundreds, source2token logits spanning 150 (``s2t`` as the core takes
+    it) and ``E_S`` for the literal reference. In float32 every linear-space ``E_R E_S`` product of some
+    (query, feature) pairs underflows."""
+    q, k, v, _ = make_inputs(scale=5.0)
+    logits = -150 * torch.rand(B, H, L, DV, dtype=torch.float64)
+    if s2t_activation is None:  # linear weights, as large a span as float32 holds
+        logits = logits / 2
+    s2t = (logits if s2t_activation else logits.exp()).requires_grad_()
+    return [t.requires_grad_() for t in (q, k, v)] + [s2t]
+
+
+def reference_weights(s2t, s2t_activation):
+    return {None: lambda x: x, "exp": torch.exp, "sigmoid": torch.sigmoid}[s2t_activation](s2t)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize(
+    "t2t,kernel,direction,s2t_activation",
+    [("exp", "sdpa", None, "exp"), ("exp", "sdpa", "bi", "sigmoid"), ("exp", "sdpa", "forward", None),
+     ("exp", "dense", "backward", "exp"), ("sigmoid", "dense", None, "exp"), ("sigmoid", "dense", "bi", None),
+     ("sigmoid", "flex", "bi", "sigmoid")],
+)
+def test_underflowing_products_are_recomputed_in_log_space(t2t, kernel, direction, s2t_activation):
+    inputs64 = extreme_inputs(s2t_activation)
+    pad = padding()
+    inputs = [t.detach().float().requires_grad_(kernel != "flex") for t in inputs64]  # no flex backward on CPU
+    out = mtsa_core(*inputs, pad, direction, True, t2t, kernel=kernel, s2t_activation=s2t_activation)
+    q, k, v, s2t = inputs64
+    ref = mtsa_literal(q, k, v, reference_weights(s2t, s2t_activation), pad, direction, True, t2t)
+    assert max_rel(out, ref) < 1e-4
+    if kernel == "flex":
+        return
+    grad = torch.randn_like(ref)
+    for g, r in zip(torch.autograd.grad(out, inputs, grad.float()), torch.autograd.grad(ref, inputs64, grad)):
+        assert torch.isfinite(g).all()
+        assert max_rel(g, r) < 1e-4
+
+
+@pytest.mark.parametrize("t2t", ["exp", "sigmoid"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_source2token_span_does_not_zero_a_feature(t2t, dtype):
+    """Feature 0's source2token logits: 0 at the last key, -40 elsewhere. A forward head's first query sees
+    only key 0, whose ``E_S`` relative to the maximum (e^-40) is 0 in float16: the linear-space ratio is 0 / 0
+    and the guard would return 0 instead of ``v[0, 0]``."""
+    q, k, v, _ = make_inputs(b=1)
+    logits = torch.zeros(1, H, L, DV, dtype=torch.float64)
+    logits[..., :-1, 0] = -40.0
+    inputs = [t.to(dtype).requires_grad_() for t in (q, k, v, logits)]
+    out = mtsa_core(*inputs, None, "forward", True, t2t, s2t_activation="exp")
+    ref = mtsa_literal(*(t.detach().double() for t in inputs[:3]), inputs[3].detach().double().exp(), None,
+                       "forward", True, t2t)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[:, :, 0, 0].double(), ref[:, :, 0, 0], rtol=0.02, atol=0)
+    assert max_rel(out, ref) < 0.02
+    grads = torch.autograd.grad(out.float().pow(2).sum(), inputs)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def module_pair(**kwargs):
+    from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
+
+    m = MTSAMultiheadAttention(16, 4, **kwargs).eval()
+    m64 = MTSAMultiheadAttention(16, 4, **kwargs).double().eval()
+    m64.load_state_dict(m.state_dict())
+    return m, m64
+
+
+@pytest.mark.parametrize("scale", [30, 100])
+@pytest.mark.parametrize(
+    "kwargs", [{}, dict(s2t_activation="exp"), dict(s2t_activation="sigmoid", bi_directional=True),
+               dict(causal=True)],
+)
+def test_module_at_large_input_scales_matches_float64(kwargs, scale):
+    """Inputs scaled by 30 and 100 in float32: the output within 1e-3 of the float64 module (relative,
+    Frobenius) and every gradient finite."""
+    m, m64 = module_pair(**kwargs)
+    x = (torch.randn(7, 3, 16) * scale).requires_grad_()
+    pad = None if m.causal else torch.tensor([[False] * 7, [True] * 2 + [False] * 5, [False] * 6 + [True]])
+    out, _ = m(x, x, x, key_padding_mask=pad)
+    x64 = x.detach().double()
+    ref, _ = m64(x64, x64, x64, key_padding_mask=pad)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-3
+    out.pow(2).mean().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("s2t_activation", ["scaled_sigmoid", "exp"])
+def test_module_half_precision_stays_finite(dtype, s2t_activation):
+    """Inputs scaled by 10: source2token logits span far more than float16's e^-17."""
+    m, m64 = module_pair(s2t_activation=s2t_activation)
+    m = m.to(dtype)
+    x = (torch.randn(20, 2, 16) * 10).to(dtype).requires_grad_()
+    out, _ = m(x, x, x)
+    x64 = x.detach().double()
+    ref, _ = m64(x64, x64, x64)
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 0.05
+    out.float().pow(2).mean().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_kernel_choice(monkeypatch):
+    core = sys.modules[mtsa_core.__module__]
+    q, k, v, s2t = make_inputs(dtype=torch.float32)
+    assert core._choose_kernel("auto", "exp", q, False) == "sdpa"  # CPU tensors: SDPA stays the default
+    assert core._choose_kernel("auto", "sigmoid", q, False) == "dense"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        mtsa_core(q, k, v, s2t, kernel="triton")
+    monkeypatch.setattr(core, "triton_available", lambda: False)
+    with pytest.raises(ValueError, match=r"pip install mtsa-fairseq\[triton\]"):
+        mtsa_core(q, k, v, s2t, kernel="triton")
+
+
+def test_imports_and_runs_without_triton():
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, mtsa_fairseq\n"
+        "from mtsa_fairseq.modules import MTSAMultiheadAttention, mtsa_core\n"
+        "x = torch.randn(5, 2, 16)\n"
+        "assert torch.isfinite(MTSAMultiheadAttention(16, 4)(x, x, x)[0]).all()\n"
+        "q = torch.randn(1, 2, 5, 8)\n"
+        "try:\n"
+        "    mtsa_core(q, q, q, q.abs(), kernel='triton')\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "pip install mtsa-fairseq[triton]" in proc.stdout

@@ -14,7 +14,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from .mtsa_core import head_directions, mtsa_core
-from .per_head import PerHeadLinear, activation, stable_exp
+from .per_head import PerHeadLinear, activation
 
 S2T_INPUTS = ("v", "k")
 S2T_ACTIVATIONS = ("scaled_sigmoid", "sigmoid", "exp", "scaled_exp")
@@ -42,6 +42,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
             cached MTSA decoding: reference §1.5). Needs a sigmoid source2token activation: the exp
             forms are shifted by a sequence-wide maximum (reference §8.4), which would let later
             tokens underflow earlier outputs.
+
+    The attribute ``kernel`` (default ``"auto"``) is passed to :func:`mtsa_core` (e.g. ``"sdpa"`` or ``"triton"``).
     """
 
     def __init__(
@@ -86,16 +88,15 @@ class MTSAMultiheadAttention(MultiheadAttention):
             activation(s2t_hidden_activation)
             self.s2t_hidden = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=0.0)
         self.s2t = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=s2t_bias_init)
+        self.kernel = "auto"
 
-    def source2token(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """``E_S`` from per-head ``x [B, H, L, d_v]`` (reference §1.2 steps 3-4)."""
+    def source2token(self, x: Tensor) -> Tensor:
+        """The source2token logits ``S`` (scaled for the ``scaled_`` forms) from per-head ``x [B, H, L, d_v]``
+        (reference §1.2 steps 3-4). ``E_S = sigmoid(S)`` or ``exp(S)``: ``mtsa_core`` takes the logits, so that
+        it can use ``log E_S`` where ``E_S`` underflows."""
         if self.s2t_hidden is not None:
             x = activation(self.s2t_hidden_activation)(self.s2t_hidden(x))
-        logits = self.s2t(x, scale=self.s2t_scale)
-        if self.s2t_activation.endswith("sigmoid"):
-            return torch.sigmoid(logits)
-        # exp: a per-(batch, head, feature) constant cancels in the core's ratio (reference §8.4)
-        return stable_exp(logits, key_padding_mask)
+        return self.s2t(x, scale=self.s2t_scale)
 
     def forward(
         self,
@@ -135,39 +136,40 @@ class MTSAMultiheadAttention(MultiheadAttention):
             return x.view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
         q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
-        e_s = self.source2token(v if self.s2t_input == "v" else k, key_padding_mask)
+        s2t = self.source2token(v if self.s2t_input == "v" else k)
         if incremental_state is not None:
-            k, v, e_s, key_padding_mask = self._extend_cache(incremental_state, k, v, e_s, key_padding_mask)
+            k, v, s2t, key_padding_mask = self._extend_cache(incremental_state, k, v, s2t, key_padding_mask)
         out = mtsa_core(
-            q, k, v, e_s, key_padding_mask=key_padding_mask, direction=self.direction, include_self=True,
-            token2token="exp", dropout_p=self.dropout_module.p, training=self.training,
+            q, k, v, s2t, key_padding_mask=key_padding_mask, direction=self.direction, include_self=True,
+            token2token="exp", dropout_p=self.dropout_module.p, training=self.training, kernel=self.kernel,
+            s2t_activation="sigmoid" if self.s2t_activation.endswith("sigmoid") else "exp",
         )
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out), None
 
     def _extend_cache(
-        self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, e_s: Tensor,
+        self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, s2t: Tensor,
         key_padding_mask: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """Append this step's ``[B, H, T, d]`` keys, values and ``E_S`` to the cache and return the
-        whole prefix. Cached tensors are batch-first, so fairseq's ``reorder_incremental_state``
+        """Append this step's ``[B, H, T, d]`` keys, values and source2token logits to the cache and return
+        the whole prefix. Cached tensors are batch-first, so fairseq's ``reorder_incremental_state``
         (inherited) reorders them for beam search."""
         saved = self._get_input_buffer(incremental_state)
         prev_k = saved.get("prev_key")
         if prev_k is not None:
             prev_v = saved["prev_value"]
             prev_s = saved.get("prev_s2t")
-            if prev_s is None:  # a cache filled from outside (``prev_self_attn_state``) has no E_S yet
-                prev_s = self.source2token(prev_v if self.s2t_input == "v" else prev_k, None)
+            if prev_s is None:  # a cache filled from outside (``prev_self_attn_state``) has no logits yet
+                prev_s = self.source2token(prev_v if self.s2t_input == "v" else prev_k)
             prev_mask = saved.get("prev_key_padding_mask")
             if prev_mask is not None or key_padding_mask is not None:
                 prev_mask = _no_pads(prev_k) if prev_mask is None else prev_mask.to(torch.bool)
                 new_mask = _no_pads(k) if key_padding_mask is None else key_padding_mask
                 key_padding_mask = torch.cat([prev_mask, new_mask], 1)
-            k, v, e_s = torch.cat([prev_k, k], 2), torch.cat([prev_v, v], 2), torch.cat([prev_s, e_s], 2)
-        saved.update(prev_key=k, prev_value=v, prev_s2t=e_s, prev_key_padding_mask=key_padding_mask)
+            k, v, s2t = torch.cat([prev_k, k], 2), torch.cat([prev_v, v], 2), torch.cat([prev_s, s2t], 2)
+        saved.update(prev_key=k, prev_value=v, prev_s2t=s2t, prev_key_padding_mask=key_padding_mask)
         self._set_input_buffer(incremental_state, saved)
-        return k, v, e_s, key_padding_mask
+        return k, v, s2t, key_padding_mask
 
 
 def _no_pads(x: Tensor) -> Tensor:

@@ -14,8 +14,11 @@ element and head, query ``j``, key ``i`` and feature ``l``::
 (reference §1.2 step 6, §8.3). This equals the feature-wise softmax of the paper's equations (10)-(12):
 ``out[j, l] = sum_i P[j, i, l] v[i, l]`` with ``P[j, i, l] ∝ E_R[j, i] E_S[i, l]``.
 
-How it is computed (reference §8.2):
+How it is computed (reference §8.2, §8.4):
 
+* ``E_S`` may come as the source2token logits ``S`` (``s2t_activation="exp"`` or ``"sigmoid"``); ``exp(S)``
+  is then shifted by its maximum over real keys per (batch, head, feature), a constant that cancels, and
+  ``log E_S`` (``S`` or ``logsigmoid(S)``) stays available where the linear weights underflow (below).
 * ``exp``: with ``P = softmax(s + mask)``, ``out = SDPA(q, k, v * E_S) / SDPA(q, k, E_S)``; the row
   normaliser cancels, the kernel's max-subtraction makes it overflow-free in fp16/bf16, and the fused
   kernels keep memory O(L): no ``[B, H, L, L]`` tensor is built when only key padding masks the
@@ -23,9 +26,25 @@ How it is computed (reference §8.2):
   and forward/backward chunks only visit the keys they can see.
 * ``sigmoid``: ``sigmoid(s) = exp(logsigmoid(s))``, so a kernel with a score modifier computes it the
   same way: ``kernel="flex"`` runs FlexAttention with ``score_mod = logsigmoid`` (compiled into a
-  fused kernel on CUDA; eager elsewhere, for checking). Plain SDPA cannot, so the default (``"auto"``)
+  fused kernel on CUDA; eager elsewhere, for checking). Plain SDPA cannot, so on CPU the default (``"auto"``)
   materialises ``E_R`` per query chunk (``[B, H, chunk, L]``); flex stays opt-in because it compiles
   per sequence-length bucket and has no dropout.
+* ``kernel="triton"`` (the default for CUDA tensors when Triton is installed): one fused pass over the keys
+  for ``N`` and ``Z`` together, both token2token forms, dropout drawn in the kernel, forward and backward
+  (:mod:`.mtsa_triton`).
+* Underflow. The kernels multiply ``E_R`` (relative to its row maximum, or sigmoid) by ``E_S`` (relative to its
+  feature maximum, or as is) in linear space. Where a query's largest scores sit on keys with a tiny ``E_S``,
+  every product can underflow (float32: below e^-87; float16 weights: below e^-17), and ``N / Z`` loses its
+  digits or becomes 0 / 0. Rows with a denominator below ``sqrt(finfo.tiny)`` in those units (1e-19 in
+  float32 and bfloat16, 8e-3 in float16; the square root leaves room for the backward's ``1 / Z``) are
+  recomputed in log space, in float32 or wider, with a maximum per query and feature::
+
+      W[j, i, l] = log E_R[j, i] + log E_S[i, l],   M[j, l] = max_i W[j, i, l]
+      out[j, l]  = sum_i exp(W - M)[j, i, l] D_R[j, i] D_S[i, l] v[i, l] / sum_i exp(W - M)[j, i, l]
+
+  ``D_R`` and ``D_S`` are the dropout masks (0 or 1/keep) of ``E_R`` and ``E_S``: ``D_S`` is the one the other
+  rows used, ``D_R`` is drawn afresh for these rows, with the same distribution. ``O(L d)`` per row, under
+  activation checkpointing; checking for such rows costs one host synchronisation per call.
 
 Rows with no allowed key (strict masks at sequence ends, all-padding sequences) return 0, never NaN.
 Padded *queries* are not masked (as in the NMT code); callers zero them when they need to.
@@ -34,16 +53,23 @@ Padded *queries* are not masked (as in the NMT code); callers zero them when the
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from .per_head import stable_exp
 
 DIRECTIONS = (None, "bi", "forward", "backward")
 TOKEN2TOKEN = ("exp", "sigmoid")
-KERNELS = ("auto", "sdpa", "dense", "flex")
+KERNELS = ("auto", "sdpa", "dense", "flex", "triton")
+S2T_ACTIVATIONS = (None, "exp", "sigmoid")
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Upper bound on the elements of one query chunk's [B, H, chunk, L] mask / score tensor.
 CHUNK_ELEMENTS = 1 << 24
 
@@ -151,9 +177,27 @@ def _compiled_flex():  # pragma: no cover - needs a GPU
     return torch.compile(flex_attention, dynamic=True)
 
 
+def triton_available() -> bool:
+    """Whether the ``triton`` package is installed (``pip install mtsa-fairseq[triton]``), without importing it."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # ValueError: a module entry without a spec (e.g. blocked as None)
+        return False
+
+
 def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: bool) -> str:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "triton":
+        if not triton_available():
+            raise ValueError("kernel='triton' needs the triton package: pip install mtsa-fairseq[triton]")
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("kernel='triton' runs on CUDA tensors (on CPU only under TRITON_INTERPRET=1)")
+        if q.dtype not in TRITON_DTYPES:
+            raise ValueError(f"kernel='triton' takes float16, bfloat16 or float32 inputs, got {q.dtype}")
+        return "triton"
+    if kernel == "auto" and q.is_cuda and q.dtype in TRITON_DTYPES and triton_available():
+        return "triton"
     if token2token == "exp":
         if kernel in ("flex",):
             raise ValueError("kernel='flex' is for token2token='sigmoid'; the exp path uses SDPA")
@@ -186,6 +230,29 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask
             )
 
 
+def _source2token_weights(s2t: Tensor, s2t_activation: str | None, key_padding_mask: Tensor | None) -> Tensor:
+    """``E_S`` as the linear-space kernels take it: as given, ``sigmoid(S)``, or ``exp(S)`` shifted by the
+    maximum over real keys per (batch, head, feature) (reference §8.4)."""
+    if s2t_activation == "exp":
+        return stable_exp(s2t, key_padding_mask)
+    return torch.sigmoid(s2t) if s2t_activation == "sigmoid" else s2t
+
+
+def _log_weights(s2t: Tensor, s2t_activation: str | None) -> Tensor:
+    """``log E_S`` (``-inf`` where ``E_S`` is 0) from the weights or the logits."""
+    if s2t_activation == "exp":
+        return s2t
+    if s2t_activation == "sigmoid":
+        return F.logsigmoid(s2t)
+    positive = s2t > 0
+    return torch.log(torch.where(positive, s2t, torch.ones_like(s2t))).masked_fill(~positive, float("-inf"))
+
+
+def _underflowed(den: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[..., L_q]``: rows with a denominator below ``sqrt(finfo(dtype).tiny)`` (module docstring)."""
+    return (den < torch.finfo(dtype).tiny ** 0.5).any(dim=-1)
+
+
 def mtsa_core(
     q: Tensor,
     k: Tensor,
@@ -199,6 +266,7 @@ def mtsa_core(
     training: bool = False,
     kernel: str = "auto",
     query_chunk_size: int | None = None,
+    s2t_activation: str | None = None,
 ) -> Tensor:
     """Multi-mask tensorized self-attention over per-head tensors (see the module docstring).
 
@@ -206,7 +274,8 @@ def mtsa_core(
         q, k: ``[B, H, L_q, d_k]`` and ``[B, H, L, d_k]``, unscaled (``1/sqrt(d_k)`` is applied here).
             ``L_q < L`` is incremental decoding: the queries are the last ``L_q`` positions.
         v, s2t: ``[B, H, L, d_v]``; ``s2t`` holds the source2token weights ``E_S`` (non-negative,
-            query-independent, possibly rescaled per (batch, head, feature): reference §8.4).
+            query-independent, possibly rescaled per (batch, head, feature): reference §8.4), or their
+            logits ``S`` when ``s2t_activation`` is given.
         key_padding_mask: bool ``[B, L]``, True at padding keys.
         direction: None, ``"bi"`` (first H/2 heads forward, last H/2 backward), ``"forward"`` or
             ``"backward"`` (all heads).
@@ -215,10 +284,15 @@ def mtsa_core(
         token2token: ``"exp"`` or ``"sigmoid"`` activation of the scaled dot products.
         dropout_p: attention dropout ``p``; ``E_R`` and ``E_S`` each keep ``sqrt(1 - p)`` in the
             numerator only, and only when ``training``.
-        kernel: ``"auto"``; ``"sdpa"`` (exp only), ``"dense"`` (materialises scores per query
-            chunk), ``"flex"`` (sigmoid via FlexAttention, no dropout).
+        kernel: ``"auto"`` (``"triton"`` for CUDA tensors when Triton is installed, else ``"sdpa"`` for exp
+            and ``"dense"`` for sigmoid); ``"sdpa"`` (exp only), ``"dense"`` (materialises scores per query
+            chunk), ``"flex"`` (sigmoid via FlexAttention, no dropout), ``"triton"`` (the fused kernel; CPU
+            tensors only under ``TRITON_INTERPRET=1``).
         query_chunk_size: queries per chunk where masks or scores are materialised (default: keep
             each chunk's ``[B, H, chunk, L]`` tensor under 2**24 elements).
+        s2t_activation: None (``s2t`` is ``E_S``), ``"exp"`` (``E_S = exp(S)``) or ``"sigmoid"``
+            (``E_S = sigmoid(S)``); with the logits, rows whose linear-space weights underflow are
+            recomputed from ``log E_S`` itself (module docstring).
 
     Returns:
         ``[B, H, L_q, d_v]``; rows with no allowed key are 0.
@@ -226,6 +300,8 @@ def mtsa_core(
     _check_inputs(q, k, v, s2t, key_padding_mask)
     if token2token not in TOKEN2TOKEN:
         raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
+    if s2t_activation not in S2T_ACTIVATIONS:
+        raise ValueError(f"s2t_activation must be one of {S2T_ACTIVATIONS}, got {s2t_activation!r}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     batch, num_heads, q_len, d_k = q.shape
@@ -238,12 +314,59 @@ def mtsa_core(
         raise ValueError("kernel='flex' needs as many queries as keys (no incremental decoding)")
     scale = 1.0 / math.sqrt(d_k)
 
-    num_values = v * _dropout(s2t, keep, dropout_active)  # numerator values, E_S dropped once for all chunks
-    if use == "flex":
-        return _flex_sigmoid(q, k, num_values, s2t, key_padding_mask, groups, include_self, scale)
+    e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
+    # E_S' = E_S * s2t_kept / keep: one mask for all query chunks, kept for the rows recomputed in log space
+    s2t_kept = torch.empty_like(e_s, dtype=torch.bool).bernoulli_(keep) if dropout_active else None
+    num_values = v * e_s if s2t_kept is None else v * (e_s * s2t_kept) / keep
+    if use == "triton":
+        from .mtsa_triton import mtsa_triton
+
+        out, den = mtsa_triton(q, k, e_s, num_values, key_padding_mask, direction, include_self, token2token,
+                               keep if dropout_active else 1.0)
+        small = _underflowed(den, q.dtype)
+    elif use == "flex":
+        out, small = _flex_sigmoid(q, k, num_values, e_s, key_padding_mask, groups, include_self, scale)
+    else:
+        out, small = _chunked(q, k, num_values, e_s, key_padding_mask, groups, include_self, token2token, use,
+                              scale, dropout_active, keep, query_chunk_size)
+    if not bool(small.any()):
+        return out
+    small &= _rows_with_keys(key_padding_mask, batch, num_heads, q_len, k_len, groups, include_self, q.device)
+    rows = small.nonzero()
+    if len(rows) == 0:
+        return out
+    values = v if s2t_kept is None else v * s2t_kept / keep
+    recompute = functools.partial(
+        _log_space_rows, key_padding_mask=key_padding_mask, groups=groups, include_self=include_self,
+        token2token=token2token, s2t_activation=s2t_activation, scale=scale, keep=keep if dropout_active else 1.0,
+    )
+    return out.index_put(tuple(rows.T), _in_row_chunks(recompute, rows, q, k, values, s2t).to(out.dtype))
+
+
+def _in_row_chunks(recompute: Callable[..., Tensor], rows: Tensor, q: Tensor, k: Tensor, values: Tensor,
+                   s2t: Tensor) -> Tensor:
+    """``recompute`` over chunks of ``rows`` whose ``[chunk, L, d]`` tensors stay under 2**24 elements, each
+    checkpointed (its backward recomputes it instead of keeping them)."""
+    size = max(1, CHUNK_ELEMENTS // (k.shape[2] * max(k.shape[-1], values.shape[-1])))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, values, s2t))
+    return torch.cat([
+        checkpoint(recompute, q, k, values, s2t, rows[start:start + size], use_reentrant=False)
+        if grad else recompute(q, k, values, s2t, rows[start:start + size])
+        for start in range(0, len(rows), size)
+    ])
+
+
+def _chunked(
+    q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, key_padding_mask: Tensor | None,
+    groups: list[tuple[slice, str | None]], include_self: bool, token2token: str, use: str, scale: float,
+    dropout_active: bool, keep: float, query_chunk_size: int | None,
+) -> tuple[Tensor, Tensor]:
+    """The SDPA and dense paths: ``(out, underflowed rows [B, H, L_q])``."""
+    batch, num_heads, q_len, _ = q.shape
+    k_len = k.shape[2]
     keys_real = None if key_padding_mask is None else ~key_padding_mask
 
-    def whole(qh: Tensor, kh: Tensor, nh: Tensor, sh: Tensor, mode: str | None) -> Tensor | None:
+    def whole(qh: Tensor, kh: Tensor, nh: Tensor, sh: Tensor, mode: str | None) -> tuple[Tensor, Tensor] | None:
         """One SDPA pair over all keys when the heads' mask needs no chunking: no positional mask, one
         new query that sees every earlier key, or the kernel's own causal mask; else None."""
         if use != "sdpa" or not include_self:
@@ -254,15 +377,16 @@ def mtsa_core(
             return _sdpa_ratio(qh, kh, nh, sh, None, scale, dropout_active, keep, is_causal=True)
         return None
 
-    if len(groups) == 1 and (result := whole(q, k, num_values, s2t, groups[0][1])) is not None:
+    if len(groups) == 1 and (result := whole(q, k, num_values, e_s, groups[0][1])) is not None:
         return result  # all heads in one call pair, no copy into an output buffer
-    out = q.new_empty(batch, num_heads, q_len, v.shape[-1])
+    out = q.new_empty(batch, num_heads, q_len, num_values.shape[-1])
+    small = torch.zeros(batch, num_heads, q_len, dtype=torch.bool, device=q.device)
     pos = torch.arange(k_len, device=q.device)
     q_pos = pos[k_len - q_len:]
     for heads, mode in groups:
-        qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], s2t[:, heads]
+        qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], e_s[:, heads]
         if (result := whole(qh, kh, nh, sh, mode)) is not None:
-            out[:, heads] = result
+            out[:, heads], small[:, heads] = result
             continue
         for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], q_len, k_len, mode, query_chunk_size):
             mask = positional_mask(q_pos[q0:q1, None], pos[None, k0:k1], mode, include_self)
@@ -272,10 +396,51 @@ def mtsa_core(
                 mask = key_mask if mask is None else mask & key_mask
             args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1])
             if use == "sdpa":
-                out[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep)
+                out[:, heads, q0:q1], small[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep)
             else:
-                out[:, heads, q0:q1] = _dense_ratio(*args, mask, scale, token2token, dropout_active, keep)
-    return out
+                out[:, heads, q0:q1], small[:, heads, q0:q1] = _dense_ratio(
+                    *args, mask, scale, token2token, dropout_active, keep
+                )
+    return out, small
+
+
+def _rows_with_keys(
+    key_padding_mask: Tensor | None, batch: int, num_heads: int, q_len: int, k_len: int,
+    groups: list[tuple[slice, str | None]], include_self: bool, device: torch.device,
+) -> Tensor:
+    """``[B, H, L_q]``: whether each query has an allowed key (:func:`has_allowed_key` per head group)."""
+    rows = torch.empty(batch, num_heads, q_len, dtype=torch.bool, device=device)
+    for heads, mode in groups:
+        rows[:, heads] = has_allowed_key(key_padding_mask, batch, k_len, mode, include_self, device)[:, None, -q_len:]
+    return rows
+
+
+def _log_space_rows(
+    q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, rows: Tensor, key_padding_mask: Tensor | None,
+    groups: list[tuple[slice, str | None]], include_self: bool, token2token: str, s2t_activation: str | None,
+    scale: float, keep: float,
+) -> Tensor:
+    """``out[b, h, j]`` for ``rows [n, 3]`` of ``(b, h, j)``, with a maximum per query and feature (module
+    docstring); ``values`` is ``v * D_S``. Returns ``[n, d_v]`` in float32 or wider."""
+    b, h, j = rows.unbind(1)
+    work = torch.promote_types(q.dtype, torch.float32)
+    k_len = k.shape[2]
+    scores = torch.einsum("nd,nld->nl", q[b, h, j].to(work), k[b, h].to(work)) * scale
+    log_r = scores if token2token == "exp" else F.logsigmoid(scores)
+    allowed = torch.ones_like(log_r, dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask[b]
+    keys = torch.arange(k_len, device=q.device)[None, :]
+    pos = (j + k_len - q.shape[2])[:, None]
+    for heads, mode in groups:
+        rule = positional_mask(pos, keys, mode, include_self)
+        if rule is not None:
+            allowed = allowed & (rule | ((h < heads.start) | (h >= heads.stop))[:, None])
+    log_w = log_r.masked_fill(~allowed, float("-inf"))[:, :, None] + _log_weights(s2t[b, h].to(work), s2t_activation)
+    top = log_w.detach().amax(dim=1, keepdim=True)
+    w = torch.exp(log_w - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    den = w.sum(dim=1)
+    w_num = w if keep == 1.0 else w * torch.empty_like(w[:, :, :1]).bernoulli_(keep).div_(keep)
+    num = (w_num * values[b, h].to(work)).sum(dim=1)
+    return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
 def _key_mask(keys_real: Tensor | None) -> Tensor | None:
@@ -309,10 +474,10 @@ def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
 def _sdpa_ratio(
     q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
     scale: float, dropout_active: bool, keep: float, is_causal: bool = False,
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """``SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities only
     (reference §8.3) and 0 on rows without an allowed key; ``is_causal`` is the kernel's own
-    forward-with-self mask (no mask tensor at all)."""
+    forward-with-self mask (no mask tensor at all). Also returns the underflowed rows."""
     empty = None
     if mask is not None:
         empty = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
@@ -326,13 +491,13 @@ def _sdpa_ratio(
     )
     den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=mask, scale=scale, is_causal=is_causal)
     out = _guarded_ratio(num, den)
-    return out if empty is None else out.masked_fill(empty, 0.0)
+    return (out if empty is None else out.masked_fill(empty, 0.0)), _underflowed(den, q.dtype)
 
 
 def _dense_ratio(
     q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
     scale: float, token2token: str, dropout_active: bool, keep: float,
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """The authors' algorithm on one query chunk: ``E_R`` materialised as ``[B, H, chunk, L]``."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if token2token == "sigmoid":
@@ -346,13 +511,13 @@ def _dense_ratio(
         e_r = e_r.masked_fill(~mask, 0.0)
     den = torch.matmul(e_r, den_values)
     num = torch.matmul(_dropout(e_r, keep, dropout_active), num_values)
-    return _guarded_ratio(num, den)
+    return _guarded_ratio(num, den), _underflowed(den, q.dtype)
 
 
 def _flex_sigmoid(
     q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, key_padding_mask: Tensor | None,
     groups: list[tuple[slice, str | None]], include_self: bool, scale: float,
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """Sigmoid token2token through FlexAttention: ``score_mod = logsigmoid`` turns the kernel's
     softmax into ``sigmoid(s) / sum sigmoid(s)``, whose normaliser cancels in the ratio."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -379,7 +544,5 @@ def _flex_sigmoid(
     both = flex_attention(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=scale)
     d_v = num_values.shape[-1]
     out = _guarded_ratio(both[..., :d_v], both[..., d_v:])
-    for heads, mode in groups:
-        nonempty = has_allowed_key(pad, batch, length, mode, include_self, device=q.device)
-        out[:, heads] = torch.where(nonempty[:, None, :, None], out[:, heads], torch.zeros_like(out[:, heads]))
-    return out
+    nonempty = _rows_with_keys(pad, batch, num_heads, length, length, groups, include_self, q.device)
+    return torch.where(nonempty[..., None], out, torch.zeros_like(out)), _underflowed(both[..., d_v:], q.dtype)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .mtsa_core import TOKEN2TOKEN, head_directions, mtsa_core
-from .per_head import PerHeadLinear, activation, stable_exp
+from .per_head import PerHeadLinear, activation
 
 
 class SentenceMTSA(nn.Module):
@@ -117,11 +117,10 @@ class SentenceMTSA(nn.Module):
         """``x [B, L, d_in]``, ``key_padding_mask`` bool ``[B, L]`` (True = pad) -> ``[B, L, d_out]``."""
         batch, length, _ = x.shape
         v, q, k, logits = self._projections(x)
-        e_s = stable_exp(logits, key_padding_mask)
         out = mtsa_core(
-            q, k, v, e_s, key_padding_mask=key_padding_mask, direction=self.direction,
+            q, k, v, logits, key_padding_mask=key_padding_mask, direction=self.direction,
             include_self=self.attn_self, token2token=self.token2token,
-            dropout_p=self.attn_dropout, training=self.training,
+            dropout_p=self.attn_dropout, training=self.training, s2t_activation="exp",
         )
         if self.gate is not None:
             g = torch.sigmoid(self._dense(self.gate, torch.cat([v, out], dim=-1)))

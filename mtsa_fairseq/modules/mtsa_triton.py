@@ -1,0 +1,352 @@
+"""A fused MTSA attention kernel in Triton (FlashAttention-2 style), forward and backward.
+
+Per batch element, head and query block, the key blocks are streamed once with two accumulators
+(reference §8.1-§8.3)::
+
+    s    = q k^T / sqrt(d_k)                          fp32, [BLOCK_M, BLOCK_N]
+    P    = exp(s - m_j)   token2token="exp", m_j the running row maximum (cancels in N / Z)
+         | sigmoid(s)     token2token="sigmoid" (bounded: no maximum)
+    P    = 0 where key i is padding or the head's positional rule forbids (j, i) (reference §6)
+    Z   += P @ E_S                                    never dropped
+    N   += (P * D / keep) @ NV,   NV = v * E_S'       D ~ Bernoulli(keep) from Philox(seed, (b, h, j, i))
+    out  = N / Z                                      0 where Z = 0 (rows without an allowed key)
+
+Key blocks that a directional or causal rule excludes for the whole query block are never visited; queries
+sit at key positions ``L - L_q ...`` (incremental decoding). The backward recomputes ``P`` block by block from
+the saved ``out``, ``Z`` and ``m`` (no ``[B, H, L, L]`` tensor), with ``dN = dO / Z`` and ``dZ = -dO out / Z``::
+
+    dP   = (dN @ NV^T) * D / keep + dZ @ E_S^T
+    dS   = P * dP   (exp)   |   P (1 - P) dP   (sigmoid)
+    dq   = dS @ k / sqrt(d_k),   dk = dS^T @ q / sqrt(d_k),   dNV = (P D / keep)^T @ dN,   dE_S = P^T @ dZ
+
+in one kernel per key block (dk, dE_S, dNV) and one per query block (dq), without atomics. Inputs are
+fp16, bf16 or fp32 (fp32 products in IEEE precision, not TF32); accumulation is fp32. Without a GPU the
+kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (the variable must be set before this module is
+imported).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit below compiles for
+LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = 2^(x log2(e)): the kernels use exp2
+
+
+@triton.jit
+def _allowed(q_pos, k_pos, LK, forward, pad_row, DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr,
+             HAS_PAD: tl.constexpr):
+    """True where query position ``q_pos [M, 1]`` may attend key ``k_pos [1, N]``: the head's rule (forward
+    ``i <= j``, backward ``i >= j``, strict without self; ``i != j`` without a direction and self) and padding."""
+    ok = k_pos < LK
+    if DIRECTIONAL:
+        if INCLUDE_SELF:
+            ok = ok & tl.where(forward, k_pos <= q_pos, k_pos >= q_pos)
+        else:
+            ok = ok & tl.where(forward, k_pos < q_pos, k_pos > q_pos)
+    elif not INCLUDE_SELF:
+        ok = ok & (k_pos != q_pos)
+    if HAS_PAD:
+        ok = ok & (tl.load(pad_row + k_pos, mask=k_pos < LK, other=1) == 0)
+    return ok
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr):
+    """``a @ b`` accumulated in fp32. ``WIDEN_BF16`` (only under the interpreter, whose ``tl.dot`` multiplies
+    bfloat16's raw bits) converts bfloat16 operands to fp32 first: the same products, exact in fp32."""
+    if WIDEN_BF16:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _kept(seed, bh, offs_m, offs_n, LQ, LK, keep):
+    """The dropout mask ``D`` of ``E_R`` in the numerator: one Philox draw per (batch, head, query, key)."""
+    ids = (bh * LQ + offs_m[:, None]).to(tl.int64) * LK + offs_n[None, :]
+    return tl.rand(seed, ids) < keep
+
+
+@triton.jit
+def _weights(s, ok, m, scale, EXP: tl.constexpr):
+    """``P`` from raw dot products ``s``: ``2^(s scale log2(e) - m)`` (``m`` in log2 units) or ``sigmoid(s scale)``."""
+    if EXP:
+        p = tl.exp2(tl.where(ok, s * (scale * LOG2E) - m[:, None], float("-inf")))
+    else:
+        p = tl.where(ok, tl.sigmoid(s * scale), 0.0)
+    return p
+
+
+@triton.jit
+def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
+                sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
+                H, LQ, LK, DK, DV, n_forward, seed, keep, scale,
+                DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
+                HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    bh = tl.program_id(0)
+    start_m = tl.program_id(1) * BLOCK_M
+    b = bh // H
+    h = bh % H
+    offset = LK - LQ
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows = offs_m < LQ
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :],
+                mask=rows[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    forward = h < n_forward
+    q_pos = (offs_m + offset)[:, None]
+    lo = 0
+    hi = LK
+    if DIRECTIONAL:  # forward heads see keys up to the block's last query, backward heads from its first
+        last = tl.minimum(start_m + BLOCK_M, LQ) + offset
+        fw = forward.to(tl.int32)
+        lo = (1 - fw) * ((start_m + offset) // BLOCK_N * BLOCK_N)
+        hi = fw * last + (1 - fw) * LK
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    z = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    n = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        keys = offs_n < LK
+        k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_n + offs_dk[None, :],
+                    mask=keys[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
+        ok = _allowed(q_pos, offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL, INCLUDE_SELF, HAS_PAD)
+        if EXP:  # online maximum in log2 units; rows that have seen no allowed key keep m = -inf
+            s2 = tl.where(ok, s * (scale * LOG2E), float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s2, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s2 - m_safe[:, None])
+            z = z * alpha[:, None]
+            n = n * alpha[:, None]
+            m_i = m_new
+        else:
+            p = _weights(s, ok, m_i, scale, EXP)
+        value_mask = keys[:, None] & (offs_dv[None, :] < DV)
+        es = tl.load(ES + b * se_b + h * se_h + offs_n[:, None] * se_n + offs_dv[None, :], mask=value_mask, other=0.0)
+        nv = tl.load(NV + b * sv_b + h * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :], mask=value_mask, other=0.0)
+        z += _dot(p.to(es.dtype), es, PRECISION, WIDEN_BF16)
+        if DROPOUT:
+            p = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, keep), p / keep, 0.0)
+        n += _dot(p.to(nv.dtype), nv, PRECISION, WIDEN_BF16)
+    out = n / tl.where(z > 0, z, 1.0)
+    tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
+    store_mask = rows[:, None] & (offs_dv[None, :] < DV)
+    tl.store(OUT + tile, out.to(OUT.dtype.element_ty), mask=store_mask)
+    tl.store(Z + tile, z, mask=store_mask)
+    if EXP:
+        tl.store(M + bh * LQ + offs_m, tl.where(m_i == float("-inf"), 0.0, m_i), mask=rows)
+
+
+@triton.jit
+def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV,
+                   sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
+                   H, LQ, LK, DK, DV, n_forward, seed, keep, scale,
+                   DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
+                   HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    bh = tl.program_id(0)
+    start_n = tl.program_id(1) * BLOCK_N
+    b = bh // H
+    h = bh % H
+    offset = LK - LQ
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    keys = offs_n < LK
+    key_mask = keys[:, None] & (offs_dk[None, :] < DK)
+    value_mask = keys[:, None] & (offs_dv[None, :] < DV)
+    k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_n + offs_dk[None, :], mask=key_mask, other=0.0)
+    es = tl.load(ES + b * se_b + h * se_h + offs_n[:, None] * se_n + offs_dv[None, :], mask=value_mask, other=0.0)
+    nv = tl.load(NV + b * sv_b + h * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :], mask=value_mask, other=0.0)
+    forward = h < n_forward
+    lo = 0
+    hi = LQ
+    if DIRECTIONAL:  # forward heads: queries from the block's first key on; backward: up to its last key
+        fw = forward.to(tl.int32)
+        lo = fw * (tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M)
+        hi = fw * LQ + (1 - fw) * tl.minimum(tl.maximum(start_n + BLOCK_N - offset, 0), LQ)
+    dkey = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
+    des = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    dnv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        rows = offs_m < LQ
+        q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :],
+                    mask=rows[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        grad_tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
+        grad_mask = rows[:, None] & (offs_dv[None, :] < DV)
+        dn = tl.load(DN + grad_tile, mask=grad_mask, other=0.0).to(nv.dtype)
+        dz = tl.load(DZ + grad_tile, mask=grad_mask, other=0.0).to(es.dtype)
+        m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
+        s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
+        ok = _allowed((offs_m + offset)[:, None], offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL,
+                      INCLUDE_SELF, HAS_PAD)
+        p = _weights(s, ok, m, scale, EXP)
+        dp_num = _dot(dn, tl.trans(nv), PRECISION, WIDEN_BF16)
+        if DROPOUT:
+            kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, keep)
+            p_num = tl.where(kept, p / keep, 0.0)
+            dp_num = tl.where(kept, dp_num / keep, 0.0)
+        else:
+            p_num = p
+        dnv += _dot(tl.trans(p_num).to(nv.dtype), dn, PRECISION, WIDEN_BF16)
+        des += _dot(tl.trans(p).to(es.dtype), dz, PRECISION, WIDEN_BF16)
+        dp = dp_num + _dot(dz, tl.trans(es), PRECISION, WIDEN_BF16)
+        ds = p * dp if EXP else p * (1.0 - p) * dp
+        dkey += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, WIDEN_BF16)
+    tile_k = bh * LK * DK + offs_n[:, None] * DK + offs_dk[None, :]
+    tile_v = bh * LK * DV + offs_n[:, None] * DV + offs_dv[None, :]
+    tl.store(DKEY + tile_k, (dkey * scale).to(DKEY.dtype.element_ty), mask=key_mask)
+    tl.store(DES + tile_v, des.to(DES.dtype.element_ty), mask=value_mask)
+    tl.store(DNV + tile_v, dnv.to(DNV.dtype.element_ty), mask=value_mask)
+
+
+@triton.jit
+def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
+                  sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
+                  H, LQ, LK, DK, DV, n_forward, seed, keep, scale,
+                  DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
+                  HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    bh = tl.program_id(0)
+    start_m = tl.program_id(1) * BLOCK_M
+    b = bh // H
+    h = bh % H
+    offset = LK - LQ
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows = offs_m < LQ
+    query_mask = rows[:, None] & (offs_dk[None, :] < DK)
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :], mask=query_mask, other=0.0)
+    grad_tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
+    grad_mask = rows[:, None] & (offs_dv[None, :] < DV)
+    dn = tl.load(DN + grad_tile, mask=grad_mask, other=0.0)
+    dz = tl.load(DZ + grad_tile, mask=grad_mask, other=0.0)
+    m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
+    forward = h < n_forward
+    q_pos = (offs_m + offset)[:, None]
+    lo = 0
+    hi = LK
+    if DIRECTIONAL:
+        last = tl.minimum(start_m + BLOCK_M, LQ) + offset
+        fw = forward.to(tl.int32)
+        lo = (1 - fw) * ((start_m + offset) // BLOCK_N * BLOCK_N)
+        hi = fw * last + (1 - fw) * LK
+    dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        keys = offs_n < LK
+        k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_n + offs_dk[None, :],
+                    mask=keys[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        value_mask = keys[:, None] & (offs_dv[None, :] < DV)
+        es = tl.load(ES + b * se_b + h * se_h + offs_n[:, None] * se_n + offs_dv[None, :], mask=value_mask, other=0.0)
+        nv = tl.load(NV + b * sv_b + h * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :], mask=value_mask, other=0.0)
+        s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
+        ok = _allowed(q_pos, offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL, INCLUDE_SELF, HAS_PAD)
+        p = _weights(s, ok, m, scale, EXP)
+        dp_num = _dot(dn.to(nv.dtype), tl.trans(nv), PRECISION, WIDEN_BF16)
+        if DROPOUT:
+            dp_num = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, keep), dp_num / keep, 0.0)
+        dp = dp_num + _dot(dz.to(es.dtype), tl.trans(es), PRECISION, WIDEN_BF16)
+        ds = p * dp if EXP else p * (1.0 - p) * dp
+        dq += _dot(ds.to(k.dtype), k, PRECISION, WIDEN_BF16)
+    tl.store(DQ + bh * LQ * DK + offs_m[:, None] * DK + offs_dk[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=query_mask)
+
+
+def _config(d_k: int, d_v: int) -> dict:
+    """Block sizes and launch settings (CUDA ones not yet tuned on hardware)."""
+    dims = dict(BLOCK_DK=max(16, triton.next_power_of_2(d_k)), BLOCK_DV=max(16, triton.next_power_of_2(d_v)))
+    if INTERPRETED:
+        return dict(BLOCK_M=16, BLOCK_N=16, **dims)
+    block = 64 if max(d_k, d_v) <= 64 else 32
+    return dict(BLOCK_M=block, BLOCK_N=block, num_warps=4, num_stages=2, **dims)
+
+
+def _strides(*tensors: Tensor) -> list[int]:
+    return [s for t in tensors for s in t.stride()[:3]]
+
+
+def _last_dim_contiguous(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class _MTSAFunction(torch.autograd.Function):
+    """The fused forward and backward kernels; returns ``(out, Z)`` with ``Z`` not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, pad: Tensor | None, n_forward: int,
+                directional: bool, include_self: bool, exp: bool, keep: float) -> tuple[Tensor, Tensor]:
+        q, k, e_s, num_values = (_last_dim_contiguous(t) for t in (q, k, e_s, num_values))
+        batch, heads, q_len, d_k = q.shape
+        k_len, d_v = k.shape[2], e_s.shape[-1]
+        dropout = keep < 1.0
+        seed = int(torch.randint(0, 2**31 - 1, ())) if dropout else 0
+        pad_u8 = torch.zeros(1, dtype=torch.uint8, device=q.device) if pad is None else pad.to(torch.uint8).contiguous()
+        out = q.new_empty(batch, heads, q_len, d_v)
+        z = torch.empty(batch, heads, q_len, d_v, dtype=torch.float32, device=q.device)
+        m = torch.zeros(batch, heads, q_len, dtype=torch.float32, device=q.device)
+        config = _config(d_k, d_v)
+        flags = dict(DIRECTIONAL=directional, INCLUDE_SELF=include_self, EXP=exp, DROPOUT=dropout,
+                     HAS_PAD=pad is not None, PRECISION="ieee" if q.dtype == torch.float32 else None,
+                     WIDEN_BF16=INTERPRETED and q.dtype == torch.bfloat16)
+        scalars = (heads, q_len, k_len, d_k, d_v, n_forward, seed, keep, 1.0 / math.sqrt(d_k))
+        strides = _strides(q, k, e_s, num_values)
+        grid = (batch * heads, triton.cdiv(q_len, config["BLOCK_M"]))
+        _fwd_kernel[grid](q, k, e_s, num_values, pad_u8, out, z, m, *strides, *scalars, **flags, **config)
+        ctx.save_for_backward(q, k, e_s, num_values, pad_u8, out, z, m)
+        ctx.launch = (strides, scalars, flags, config)
+        ctx.mark_non_differentiable(z)
+        return out, z
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor, _grad_z: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, e_s, num_values, pad_u8, out, z, m = ctx.saved_tensors
+        strides, scalars, flags, config = ctx.launch
+        positive = z > 0
+        d_num = grad_out.float() / torch.where(positive, z, torch.ones_like(z))
+        d_den = torch.where(positive, -d_num * out.float(), torch.zeros_like(z))
+        batch, heads, q_len, _ = q.shape
+        k_len = k.shape[2]
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        des = torch.empty(e_s.shape, dtype=e_s.dtype, device=e_s.device)
+        dnv = torch.empty(num_values.shape, dtype=num_values.dtype, device=num_values.device)
+        inputs = (q, k, e_s, num_values, pad_u8, m, d_num, d_den)
+        grid_kv = (batch * heads, triton.cdiv(k_len, config["BLOCK_N"]))
+        _bwd_kv_kernel[grid_kv](*inputs, dk, des, dnv, *strides, *scalars, **flags, **config)
+        grid_q = (batch * heads, triton.cdiv(q_len, config["BLOCK_M"]))
+        _bwd_q_kernel[grid_q](*inputs, dq, *strides, *scalars, **flags, **config)
+        return dq, dk, des, dnv, None, None, None, None, None, None
+
+
+def mtsa_triton(
+    q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, key_padding_mask: Tensor | None,
+    direction: str | None, include_self: bool, token2token: str, keep: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """``(out, Z)`` of the fused kernel (module docstring) for ``q [B, H, L_q, d_k]``, ``k [B, H, L, d_k]``,
+    ``e_s`` (``E_S``, undropped) and ``num_values`` (``v * E_S'``), both ``[B, H, L, d_v]``.
+
+    ``direction``: None, ``"forward"``, ``"backward"`` or ``"bi"`` (first H/2 heads forward, the rest
+    backward); ``keep < 1`` drops ``E_R`` in the numerator with that keep probability. ``Z`` (fp32) is the
+    denominator relative to the row maximum (exp) or as is (sigmoid).
+    """
+    if q.dtype not in DTYPES or {k.dtype, e_s.dtype, num_values.dtype} != {q.dtype}:
+        raise ValueError(f"the Triton kernel takes fp16, bf16 or fp32 inputs of one dtype, got {q.dtype}")
+    heads = q.shape[1]
+    n_forward = {None: heads, "forward": heads, "backward": 0, "bi": heads // 2}[direction]
+    return _MTSAFunction.apply(q, k, e_s, num_values, key_padding_mask, n_forward, direction is not None,
+                               include_self, token2token == "exp", keep)

@@ -1,0 +1,282 @@
+"""The fused Triton kernel (``mtsa_core(kernel="triton")``) against the literal float64 references.
+
+Without a GPU the kernels run on CPU tensors under Triton's interpreter, which must be switched on before
+``triton`` is first imported: this module sets ``TRITON_INTERPRET=1`` at collection unless a CUDA device is
+present (then the same tests run the compiled kernels on it; set ``TRITON_INTERPRET=1`` to interpret there too).
+"""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from mtsa_fairseq.modules import mtsa_triton  # noqa: E402  (after TRITON_INTERPRET)
+from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention  # noqa: E402
+from mtsa_fairseq.modules.mtsa_core import allowed_mask, mtsa_core  # noqa: E402
+from mtsa_fairseq.modules.mtsa_reference import mtsa_literal  # noqa: E402
+
+# the interpreter evaluates with numpy, which warns where IEEE arithmetic gives inf or NaN as intended (sigmoid's
+# exp of a large negative score; the NaN keys of test_blocks_a_direction_excludes_are_skipped)
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+DEVICE = "cuda" if ON_GPU else "cpu"
+B, H, L, DK, DV = 2, 2, 33, 12, 20  # three query and key blocks of 16 under the interpreter; padded head dims
+BLOCK = mtsa_triton._config(DK, DV)["BLOCK_M"]
+
+
+def make_inputs(length=L, dv=DV, scale=1.0):
+    """float64 leaves ``q, k, v, E_S`` (the references' inputs)."""
+    q = torch.randn(B, H, length, DK, dtype=torch.float64) * scale
+    k = torch.randn(B, H, length, DK, dtype=torch.float64) * scale
+    v = torch.randn(B, H, length, dv, dtype=torch.float64)
+    s2t = torch.rand(B, H, length, dv, dtype=torch.float64) + 0.05
+    return [t.requires_grad_() for t in (q, k, v, s2t)]
+
+
+def padding(length=L):
+    pad = torch.zeros(B, length, dtype=torch.bool)
+    pad[0, :5] = True  # left-padded (fairseq sources)
+    pad[1, length - 6:] = True  # right-padded (targets)
+    return pad
+
+
+def on_device(tensors, dtype=torch.float32):
+    return [t.detach().to(DEVICE, dtype).requires_grad_() for t in tensors]
+
+
+def max_rel(x, ref):
+    """Largest absolute error relative to the reference's largest magnitude."""
+    return ((x.detach().double().cpu() - ref.detach()).abs().max() / ref.detach().abs().max()).item()
+
+
+def compare(out, ref, inputs, ref_inputs, tol):
+    """Output and the gradients of every input, all to ``tol`` (max-norm relative)."""
+    grad = torch.randn_like(ref)
+    assert max_rel(out, ref) < tol
+    grads = torch.autograd.grad(out, inputs, grad.to(out.device, out.dtype))
+    ref_grads = torch.autograd.grad(ref, ref_inputs, grad)
+    for g, r in zip(grads, ref_grads):
+        assert torch.isfinite(g).all()
+        assert max_rel(g, r) < tol
+
+
+@pytest.mark.parametrize("t2t", ["exp", "sigmoid"])
+@pytest.mark.parametrize("direction", [None, "bi", "forward", "backward"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_matches_literal_float32(t2t, direction, include_self):
+    ref_inputs = make_inputs()
+    pad = padding()
+    inputs = on_device(ref_inputs)
+    out = mtsa_core(*inputs, pad.to(DEVICE), direction, include_self, t2t, kernel="triton")
+    ref = mtsa_literal(*ref_inputs, pad, direction, include_self, t2t)
+    compare(out, ref, inputs, ref_inputs, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "t2t,direction,include_self,q_len",
+    [("exp", "forward", True, 1), ("exp", "forward", True, 7), ("sigmoid", "forward", False, 20),
+     ("exp", None, True, 5), ("sigmoid", "bi", True, 17)],
+)
+def test_fewer_queries_than_keys(t2t, direction, include_self, q_len):
+    """Incremental decoding: the last ``q_len`` queries against every key equal the literal's last rows."""
+    ref_inputs = make_inputs()
+    pad = padding()
+    inputs = on_device(ref_inputs)
+    out = mtsa_core(inputs[0][:, :, -q_len:], *inputs[1:], pad.to(DEVICE), direction, include_self, t2t,
+                    kernel="triton")
+    ref = mtsa_literal(*ref_inputs, pad, direction, include_self, t2t)[:, :, -q_len:]
+    compare(out, ref, inputs, ref_inputs, 1e-5)
+
+
+def test_causal_module_decodes_incrementally():
+    """The decoder's self-attention on the kernel: full causal forward = step-by-step decoding with the
+    cache = the float64 module."""
+    m = MTSAMultiheadAttention(32, 4, causal=True).eval()
+    m64 = MTSAMultiheadAttention(32, 4, causal=True).double().eval()
+    m64.load_state_dict(m.state_dict())
+    m = m.to(DEVICE)
+    m.kernel = "triton"
+    x = torch.randn(9, 2, 32).to(DEVICE)
+    x64 = x.cpu().double()
+    mask = torch.triu(torch.full((9, 9), float("-inf")), 1)
+    full, _ = m(x, x, x, attn_mask=mask.to(DEVICE))
+    ref, _ = m64(x64, x64, x64, attn_mask=mask.double())
+    assert max_rel(full, ref) < 1e-5
+    state, steps = {}, []
+    for t in range(9):
+        xt = x[t:t + 1]
+        steps.append(m(xt, xt, xt, incremental_state=state)[0])
+    assert max_rel(torch.cat(steps), ref) < 1e-5
+
+
+@pytest.mark.parametrize("t2t", ["exp", "sigmoid"])
+def test_dropout_moments_match_formula(t2t, monkeypatch):
+    """Over 10240 draws (rows, heads, calls: a new Philox seed each), E[out] is the undropped output, and
+    the variance and the cross-feature covariance match a keep = sqrt(1 - p) mask on ``E_R`` shared by
+    the features, with ``Z`` undropped. Every query is the same and sees the same 4 keys, so each row is
+    an independent draw; under the interpreter one block covers all 512 positions (fewer, larger steps)."""
+    if not ON_GPU:
+        monkeypatch.setattr(mtsa_triton, "_config", lambda d_k, d_v: dict(BLOCK_M=512, BLOCK_N=512, BLOCK_DK=16,
+                                                                             BLOCK_DV=16))
+    p, length, real, batch = 0.3, 512, 4, 5
+    keep = math.sqrt(1 - p)
+    q_row = torch.randn(DK)
+    k_real, v_real, s_real = torch.randn(real, DK), torch.randn(real, 16), torch.rand(real, 16) + 0.05
+    v_real[:, 1] = v_real[:, 0]  # features 0 and 1 covary through the shared mask
+
+    def per_head(row, width):
+        x = torch.zeros(batch, H, length, width)
+        x[:, :, :real] = row
+        return x.to(DEVICE)
+
+    q = q_row.expand(batch, H, length, DK).contiguous().to(DEVICE)
+    k, e_s, v = per_head(k_real, DK), per_head(s_real, 16), per_head(v_real, 16)
+    pad = torch.zeros(batch, length, dtype=torch.bool, device=DEVICE)
+    pad[:, real:] = True
+    samples = torch.cat([
+        mtsa_triton.mtsa_triton(q, k, e_s, v * e_s, pad, None, True, t2t, keep)[0].reshape(-1, 16).cpu()
+        for _ in range(2)
+    ]).double()
+    s = (k_real.double() @ q_row.double()) / math.sqrt(DK)
+    e_r = torch.exp(s) if t2t == "exp" else torch.sigmoid(s)
+    a = e_r[:, None] * s_real.double() * v_real.double() / (e_r @ s_real.double())  # [keys, features]
+    var = (a**2).sum(0) * (1 / keep - 1)
+    cov01 = (a[:, 0] * a[:, 1]).sum() * (1 / keep - 1)
+    emp = samples - samples.mean(0)
+    assert ((samples.mean(0) - a.sum(0)).abs() < 5 * var.sqrt() / math.sqrt(len(samples))).all()
+    torch.testing.assert_close(emp.pow(2).mean(0), var, rtol=0.1, atol=0)
+    torch.testing.assert_close((emp[:, 0] * emp[:, 1]).mean(), cov01, rtol=0.1, atol=0)
+
+
+@pytest.mark.parametrize("t2t,direction,include_self", [("exp", "bi", True), ("sigmoid", None, False)])
+def test_dropout_is_reproducible_and_the_backward_uses_the_forward_mask(t2t, direction, include_self):
+    """The mask depends only on torch's seed. Read it off with ``NV = I`` and ``E_S = 1`` (then
+    ``out[j, i] = E_R[j, i] D[j, i] / keep / Z[j]``), and the dropped output and all its gradients equal the
+    literal float64 formula of reference §8.3 with that mask."""
+    keep = math.sqrt(1 - 0.4)
+    length = DV
+    q, k, v, s2t = make_inputs(length=length)
+    pad = padding(length)
+    eye = torch.eye(length, dtype=torch.float32).expand(B, H, length, length).contiguous().to(DEVICE)
+    torch.manual_seed(11)
+    probe, _ = mtsa_triton.mtsa_triton(*on_device([q, k]), torch.ones_like(eye), eye, pad.to(DEVICE), direction,
+                                       include_self, t2t, keep)
+    kept = (probe != 0).cpu()
+    inputs = on_device([q, k, s2t, v * s2t])
+    torch.manual_seed(11)
+    out, _ = mtsa_triton.mtsa_triton(*inputs, pad.to(DEVICE), direction, include_self, t2t, keep)
+    torch.manual_seed(11)
+    again, _ = mtsa_triton.mtsa_triton(*inputs, pad.to(DEVICE), direction, include_self, t2t, keep)
+    torch.manual_seed(12)
+    other, _ = mtsa_triton.mtsa_triton(*inputs, pad.to(DEVICE), direction, include_self, t2t, keep)
+    assert torch.equal(out, again) and not torch.equal(out, other)
+
+    ref_inputs = [t.detach().clone().requires_grad_() for t in (q, k, s2t, v * s2t)]
+    scores = ref_inputs[0] @ ref_inputs[1].transpose(-1, -2) / math.sqrt(DK)
+    mask = allowed_mask(pad, B, H, length, direction, include_self)
+    e_r = (torch.exp(scores) if t2t == "exp" else torch.sigmoid(scores)) * mask
+    assert 0.2 < 1 - kept[mask].double().mean() < 0.35  # drop = 1 - sqrt(0.6) = 0.225 of the allowed pairs
+    z = e_r @ ref_inputs[2]
+    ref = (e_r * kept / keep) @ ref_inputs[3] / torch.where(z > 0, z, torch.ones_like(z))
+    compare(out, ref, inputs, ref_inputs, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    """Logits around 100 (raw exp overflows in half precision) stay finite and close to float64."""
+    ref_inputs = make_inputs(scale=6.0)
+    pad = padding()
+    inputs = on_device(ref_inputs, dtype)
+    out = mtsa_core(*inputs, pad.to(DEVICE), "bi", False, kernel="triton")
+    assert out.dtype == dtype
+    ref = mtsa_literal(*(t.detach().to(dtype).double().requires_grad_() for t in ref_inputs), pad, "bi", False)
+    assert torch.isfinite(out).all() and max_rel(out, ref) < 0.03
+    grads = torch.autograd.grad(out.float().pow(2).sum(), inputs)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("t2t,direction", [("exp", None), ("exp", "bi"), ("sigmoid", "forward")])
+def test_underflowing_products_are_recomputed_in_log_space(t2t, direction):
+    """Scores spanning hundreds and source2token logits spanning 150 in float32: ``E_R E_S`` underflows
+    for many (query, feature) pairs, and those rows are recomputed in log space (mtsa_core)."""
+    q, k, v, _ = make_inputs(scale=5.0)
+    logits = (-150 * torch.rand(B, H, L, DV, dtype=torch.float64)).requires_grad_()
+    pad = padding()
+    inputs = on_device([q, k, v, logits])
+    out = mtsa_core(*inputs, pad.to(DEVICE), direction, True, t2t, kernel="triton", s2t_activation="exp")
+    ref = mtsa_literal(q, k, v, logits.exp(), pad, direction, True, t2t)
+    compare(out, ref, inputs, [q, k, v, logits], 1e-4)
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_blocks_a_direction_excludes_are_skipped(include_self):
+    """NaN in keys, values and E_S beyond the first block leave forward heads' first query block untouched
+    (and NaN before the last block, backward heads' last query block): those key blocks are never loaded,
+    in the forward pass and in dq's backward."""
+    length = 3 * BLOCK
+    q, k, v, s2t = on_device(make_inputs(length=length))
+    clean = mtsa_core(q, k, v, s2t, None, "bi", include_self, kernel="triton")
+    fw, bw = slice(0, H // 2), slice(H // 2, H)
+    for heads, rows, poisoned in ((fw, slice(0, BLOCK), slice(BLOCK, None)),
+                                  (bw, slice(2 * BLOCK, None), slice(0, 2 * BLOCK))):
+        bad = [t.detach().clone() for t in (k, v, s2t)]
+        for t in bad:
+            t[:, :, poisoned] = float("nan")
+        q_leaf = q.detach().clone().requires_grad_()
+        out = mtsa_core(q_leaf, *bad, None, "bi", include_self, kernel="triton")
+        torch.testing.assert_close(out[:, heads, rows], clean[:, heads, rows], rtol=0, atol=0)
+        (grad,) = torch.autograd.grad(out[:, heads, rows].sum(), q_leaf)
+        assert torch.isfinite(grad[:, heads, rows]).all()
+
+
+def test_no_l_by_l_tensor(largest_tensor):
+    """Forward and backward, with dropout: nothing of ``[B, H, L, L]`` size (the interpreter's byte copies of
+    the ``[B, H, L, d]`` arguments included)."""
+    length = 64
+    q, k, v, s2t = on_device(make_inputs(length=length, dv=4))
+    pad = padding(length).to(DEVICE)
+    with largest_tensor() as mode:
+        mtsa_core(q, k, v, s2t, pad, "bi", False, kernel="triton", dropout_p=0.1, training=True).sum().backward()
+    assert mode.largest < B * H * length * length
+
+
+COMPILE = """
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mtsa_fairseq.modules import mtsa_triton as mt
+
+consts = dict(DIRECTIONAL=True, INCLUDE_SELF=False, EXP=True, DROPOUT=True, HAS_PAD=True, PRECISION=None,
+              WIDEN_BF16=False, BLOCK_M=64, BLOCK_N=64, BLOCK_DK=64, BLOCK_DV=64)
+for fn, fp32 in ((mt._fwd_kernel, "Z M"), (mt._bwd_kv_kernel, "M DN DZ"), (mt._bwd_q_kernel, "M DN DZ")):
+    def kind(name):
+        if name in consts:
+            return "constexpr"
+        if name == "PAD":
+            return "*u8"
+        if name.isupper() and name not in ("H", "LQ", "LK", "DK", "DV"):
+            return "*fp32" if name in fp32.split() else "*fp16"
+        return {"keep": "fp32", "scale": "fp32", "seed": "i64"}.get(name, "i32")
+    source = ASTSource(fn, {name: kind(name) for name in fn.arg_names}, constexprs=consts)
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU every other test compiles the kernels")
+def test_kernels_compile_for_a_gpu(tmp_path):
+    """The interpreter accepts more than the compiler: compile the three kernels (fp16, every mask and
+    dropout on) down to sm_90 machine code with the ptxas that ships in Triton's wheel, no GPU needed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

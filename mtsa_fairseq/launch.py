@@ -46,6 +46,7 @@ from .train_config import (
     check_averaging,
     fairseq_args,
     load_config,
+    option_origins,
     parse_fairseq_train,
 )
 
@@ -354,8 +355,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
         if key not in config.fairseq:
             lang_args += [f"--{key}", lang]
     base_args = [*fairseq_args(config), *lang_args, *(["--cpu"] if options.cpu and not config.cpu else [])]
-    origins = {f"--{key}": f"{config.path}: fairseq option '{key}'" for key in config.fairseq}
-    origins.update({t.split("=")[0]: f"--extra-args {t.split('=')[0]}" for t in extra if t.startswith("--")})
+    origins = option_origins(config.path, config.fairseq, extra)
     try:
         namespace = parse_fairseq_train(str(source.data_bin), [*base_args, *extra], origins)
     except ConfigError as err:

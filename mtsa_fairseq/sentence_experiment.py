@@ -35,7 +35,7 @@ from .contracts import load_yaml
 from .launch import LaunchError, checkpoint_updates, find_executable, mean_train_wps
 from .processes import LockBusy, RunLock, UpdateProgress, run_logged
 from .significance import SignificanceError, t_test
-from .train_config import USER_DIR, ConfigError, options_to_args, parse_fairseq_train
+from .train_config import USER_DIR, ConfigError, option_origins, options_to_args, parse_fairseq_train
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 TASK_METRICS = ("accuracy", "pearson")
@@ -132,11 +132,9 @@ def check_options(config: TaskConfig, archs: list[str], data: Path, extra: list[
         options = config.options(arch)
         options.pop("task", None)
         where = config.path if arch not in config.arch_overrides else f"{config.path} (arch_overrides.{arch})"
-        origins = {f"--{key}": f"{where}: fairseq option '{key}'" for key in options}
-        origins.update({t.split("=")[0]: f"--extra-args {t.split('=')[0]}" for t in extra if t.startswith("--")})
         try:
             parse_fairseq_train(str(data), ["--task", "sentence_encoding", "--arch", arch, *options_to_args(options),
-                                            *extra], origins)
+                                            *extra], option_origins(where, options, extra))
         except ConfigError as err:
             raise ExperimentError(str(err)) from None
 

@@ -14,6 +14,7 @@ import argparse
 import logging
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,14 @@ def fairseq_args(config: TrainConfig) -> list[str]:
     return options_to_args(config.fairseq)
 
 
+def option_origins(where: str | Path, options: Iterable[str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """``--flag -> where it came from`` for :func:`parse_fairseq_train`'s messages: the config options of
+    ``where`` and the ``--extra-args`` tokens."""
+    origins = {f"--{key}": f"{where}: fairseq option '{key}'" for key in options}
+    origins.update({t.split("=")[0]: f"--extra-args {t.split('=')[0]}" for t in extra if t.startswith("--")})
+    return origins
+
+
 def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | None = None) -> argparse.Namespace:
     """Parse ``fairseq-train DATA --user-dir <plugin> ARGS`` with fairseq's real training parser (arch and
     task options included) and return the namespace. An unknown option or a bad value raises
@@ -246,8 +255,7 @@ def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | No
 
 def check_with_fairseq(config: TrainConfig, data: str = "DATA") -> argparse.Namespace:
     """Check every option of ``config`` against ``fairseq-train``'s parser; return the parsed namespace."""
-    origins = {f"--{key}": f"{config.path}: fairseq option '{key}'" for key in config.fairseq}
-    return parse_fairseq_train(data, fairseq_args(config), origins)
+    return parse_fairseq_train(data, fairseq_args(config), option_origins(config.path, config.fairseq))
 
 
 def t2t_learning_rate(step: float, warmup: int, hidden_size: int = 512, constant: float = 2.0) -> float:

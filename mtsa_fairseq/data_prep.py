@@ -49,7 +49,7 @@ import sentencepiece as spm
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 
 from .contracts import MANIFEST_SCHEMA, iter_lines, open_binary
-from .processes import LockBusy, RunLock, child_options, stop_group
+from .processes import RunLock, child_options, stop_group
 
 NORMALIZATIONS = ("nfkc", "nfc", "none")
 MODEL_TYPES = ("unigram", "bpe")
@@ -431,11 +431,7 @@ def staging_dir(out: Path) -> Iterator[Path]:
     A lock on ``out``'s staging is held meanwhile: a second preparation of the same output is refused while one
     is live, and the temporaries that killed preparations left behind are removed first."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = RunLock(out.parent / f".{out.name}.lock", f"output {out}", "preparation").acquire()
-    except LockBusy as err:
-        raise DataError(str(err)) from None
-    with lock:
+    with RunLock(out.parent / f".{out.name}.lock", f"output {out}", "preparation").acquire(DataError):
         for stale in out.parent.glob(f".{out.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -37,7 +37,7 @@ from .checkpoint_average import (
     save_checkpoint,
 )
 from .contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json, read_run
-from .processes import LockBusy, RunLock, UpdateProgress, run_logged
+from .processes import RunLock, UpdateProgress, run_logged
 from .train_config import (
     LAUNCHER_OPTIONS,
     USER_DIR,
@@ -658,10 +658,7 @@ def _to_stderr(line: str) -> None:
 
 def _lock_run(run_dir: Path, name: str = ".lock") -> RunLock:
     """The run directory's lock, held (a live holder, e.g. a trainer left by a killed launcher: LaunchError)."""
-    try:
-        return RunLock(run_dir / name, f"run {run_dir}").acquire()
-    except LockBusy as err:
-        raise LaunchError(str(err)) from None
+    return RunLock(run_dir / name, f"run {run_dir}").acquire(LaunchError)
 
 
 def _train(plan_: Plan, run: SeedRun, log: Callable[[str], None]) -> int:

@@ -47,7 +47,8 @@ class RunLock:
         self.path, self.what, self.role = Path(path), what, role
         self.fd: int | None = None
 
-    def acquire(self) -> RunLock:
+    def acquire(self, error: type[Exception] = LockBusy) -> RunLock:
+        """Take the lock; a live holder raises ``error`` with one line naming it."""
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -55,7 +56,7 @@ class RunLock:
             except BlockingIOError:
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
                 os.close(fd)
-                raise LockBusy(f"{self.what} is in use by {holder}; wait for it to finish or stop it, then rerun") \
+                raise error(f"{self.what} is in use by {holder}; wait for it to finish or stop it, then rerun") \
                     from None
             try:
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:

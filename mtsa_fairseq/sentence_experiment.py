@@ -33,7 +33,7 @@ import numpy as np
 
 from .contracts import load_yaml
 from .launch import LaunchError, checkpoint_updates, find_executable, mean_train_wps
-from .processes import LockBusy, RunLock, UpdateProgress, run_logged
+from .processes import RunLock, UpdateProgress, run_logged
 from .significance import SignificanceError, t_test
 from .train_config import USER_DIR, ConfigError, option_origins, options_to_args, parse_fairseq_train
 
@@ -182,11 +182,7 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
     log = log or _say
     run_dir = run.run_dir(out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = RunLock(run_dir / ".lock", f"run {run_dir}").acquire()
-    except LockBusy as err:
-        raise ExperimentError(str(err)) from None
-    with lock:
+    with RunLock(run_dir / ".lock", f"run {run_dir}").acquire(ExperimentError) as lock:
         return _run_locked(config, run, data, out, max_update, extra, threads, cpu, log, split, lock)
 
 

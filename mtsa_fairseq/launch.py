@@ -374,16 +374,15 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
     config_root = Path(save_root).absolute() / config.name
     view = None
     train_data = source.data_bin
-    if namespace.task == "translation":  # the binarised subsets fairseq will look for, checked now
+    translation = namespace.task == "translation"
+    if translation or config.train_max_length is not None:  # the binarised subsets fairseq will look for
         src, tgt = _language_pair(source.data_bin, namespace.train_subset, source.source_lang or namespace.source_lang,
                                   source.target_lang or namespace.target_lang)
         _shards(source.data_bin, namespace.train_subset, src, tgt)
-        if not namespace.disable_validation:
+        if translation and not namespace.disable_validation:
             for subset in namespace.valid_subset.split(","):
                 _shards(source.data_bin, subset, src, tgt)
     if config.train_max_length is not None:
-        src, tgt = _language_pair(source.data_bin, namespace.train_subset, source.source_lang or namespace.source_lang,
-                                  source.target_lang or namespace.target_lang)
         view = TrainView(source.data_bin.resolve(), config_root / f"train-maxlen{config.train_max_length}",
                          namespace.train_subset, src, tgt, config.train_max_length)
         view.check_reusable()

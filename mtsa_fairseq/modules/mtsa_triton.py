@@ -317,8 +317,10 @@ class _MTSAFunction(torch.autograd.Function):
         q, k, e_s, num_values, pad_u8, out, z, m = ctx.saved_tensors
         strides, scalars, flags, config = ctx.launch
         positive = z > 0
-        d_num = grad_out.float() / torch.where(positive, z, torch.ones_like(z))
-        d_den = torch.where(positive, -d_num * out.float(), torch.zeros_like(z))
+        # the kernels read these two with contiguous offsets; grad_out may arrive with any strides (a caller's
+        # permute), and elementwise results follow their inputs' layout
+        d_num = (grad_out.float() / torch.where(positive, z, torch.ones_like(z))).contiguous()
+        d_den = torch.where(positive, -d_num * out.float(), torch.zeros_like(z)).contiguous()
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -10,9 +10,25 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mtsa_fairseq.toy_corpus import write_corpus
 
 
+def pytest_addoption(parser):
+    parser.addoption("--torch-device", default="cpu",
+                     help="default device of the tests marked any_device (e.g. cuda: mtsa_core and the attention "
+                          "modules against the float64 references on a GPU)")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _torch_device(request):
+    device = request.config.getoption("--torch-device")
+    if device == "cpu" or request.node.get_closest_marker("any_device") is None:
+        yield
+        return
+    with torch.device(device):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
 from mtsa_fairseq.modules.mtsa_reference import mtsa_literal
 from mtsa_fairseq.modules.sentence_mtsa import SentenceMTSA
 
+pytestmark = pytest.mark.any_device
+
 
 def n_params(module):
     return sum(p.numel() for p in module.parameters())

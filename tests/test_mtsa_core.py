@@ -10,6 +10,8 @@ import torch
 from mtsa_fairseq.modules.mtsa_core import allowed_mask, has_allowed_key, mtsa_core
 from mtsa_fairseq.modules.mtsa_reference import mtsa_literal, mtsa_naive
 
+pytestmark = pytest.mark.any_device
+
 B, H, L, DK, DV = 3, 4, 9, 5, 6
 
 
@@ -377,7 +379,7 @@ def test_module_half_precision_stays_finite(dtype, s2t_activation):
 
 def test_kernel_choice(monkeypatch):
     core = sys.modules[mtsa_core.__module__]
-    q, k, v, s2t = make_inputs(dtype=torch.float32)
+    q, k, v, s2t = (t.cpu() for t in make_inputs(dtype=torch.float32))  # whatever --torch-device says
     assert core._choose_kernel("auto", "exp", q, False) == "sdpa"  # CPU tensors: SDPA stays the default
     assert core._choose_kernel("auto", "sigmoid", q, False) == "dense"
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

@@ -70,6 +70,7 @@ TOKEN2TOKEN = ("exp", "sigmoid")
 KERNELS = ("auto", "sdpa", "dense", "flex", "triton")
 S2T_ACTIVATIONS = (None, "exp", "sigmoid")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FLEX_MIN_WIDTH = 16  # the smallest q/k/v head width compiled FlexAttention takes
 # Upper bound on the elements of one query chunk's [B, H, chunk, L] mask / score tensor.
 CHUNK_ELEMENTS = 1 << 24
 
@@ -541,8 +542,12 @@ def _flex_sigmoid(
 
     block_mask = create_block_mask(mask_mod, batch, num_heads, length, length, device=q.device)
     values = torch.cat([num_values, den_values], dim=-1)  # no dropout here, so one call serves both
-    both = flex_attention(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=scale)
     d_v = num_values.shape[-1]
+    # compiled flex needs head widths of at least 16: zero columns change neither the scores (the scale is
+    # given) nor the first 2 * d_v output columns
+    q, k, values = (F.pad(t, (0, FLEX_MIN_WIDTH - t.shape[-1])) if t.shape[-1] < FLEX_MIN_WIDTH else t
+                    for t in (q, k, values))
+    both = flex_attention(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=scale)[..., :2 * d_v]
     out = _guarded_ratio(both[..., :d_v], both[..., d_v:])
     nonempty = _rows_with_keys(pad, batch, num_heads, length, length, groups, include_self, q.device)
     return torch.where(nonempty[..., None], out, torch.zeros_like(out)), _underflowed(both[..., d_v:], q.dtype)

@@ -9,6 +9,10 @@
 * ``mha-flash``: the MTSA module's q/k/v/out projections around one fused ``scaled_dot_product_attention``
   call, i.e. multi-head attention on the flash kernel: the cost the Triton kernel aims at.
 
+With ``--core`` the projections are left out: ``mtsa-sdpa``, ``mtsa-triton`` and ``mha-flash`` then time
+``mtsa_core`` (source2token logits given, sigmoid) and ``scaled_dot_product_attention`` alone on per-head
+``[B, H, L, d]`` tensors without padding, so that multi-head attention runs on PyTorch's flash kernel.
+
 Each (method, length) runs in a fresh subprocess: peak memory is the growth of the process's maximum
 resident set (CPU) or of ``max_memory_allocated`` (CUDA) during one forward+backward pass (inputs and weights
 allocated before), time is the median of ``--repeats`` passes after one warm-up. Writes a Markdown table.
@@ -27,7 +31,8 @@ import time
 from pathlib import Path
 
 METHODS = ("mtsa", "mtsa-sdpa", "mtsa-triton", "naive", "mha", "mha-flash")
-DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-triton", "mha-flash", "mha")}
+DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-triton", "mha-flash", "mha"),
+                   "core": ("mtsa-sdpa", "mtsa-triton", "mha-flash")}
 
 
 def measure(method: str, length: int, args: argparse.Namespace) -> dict:
@@ -35,7 +40,6 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
     import torch.nn.functional as F
     from fairseq.modules import MultiheadAttention
 
-    from mtsa_fairseq.benchmarking import synchronize
     from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
     from mtsa_fairseq.modules.mtsa_reference import mtsa_naive
 
@@ -66,6 +70,9 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
         return module.out_proj(out.permute(2, 0, 1, 3).reshape(n, batch, dim))
 
+    if args.core:
+        return measure_core(method, length, args)
+
     def inputs(n):
         x = torch.randn(n, batch, dim, device=device, dtype=dtype, requires_grad=True)
         pad = torch.zeros(batch, n, dtype=torch.bool, device=device)
@@ -79,23 +86,65 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
 
     module.train()
     one_pass(*inputs(16))  # one-time library initialisation (and kernel compilation), outside the measurement
-    x, pad = inputs(length)
-    synchronize(device)
     if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        one_pass(x, pad)
-        synchronize(device)
-        peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
-    else:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        one_pass(x, pad)
-        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        return _peak_and_time(lambda t: one_pass(*t), inputs(length), device, args.repeats)
+    x, pad = inputs(length)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    one_pass(x, pad)
+    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     times = []
     for _ in range(args.repeats):
-        synchronize(device)
         start = time.perf_counter()
         one_pass(x, pad)
+        times.append(time.perf_counter() - start)
+    return {"peak_mb": peak_mb, "ms": 1000 * statistics.median(times)}
+
+
+def measure_core(method: str, length: int, args: argparse.Namespace) -> dict:
+    """:func:`measure` of the attention core alone on per-head tensors (``--core``)."""
+    import torch
+    import torch.nn.functional as F
+
+    from mtsa_fairseq.modules.mtsa_core import mtsa_core
+
+    dtype, device = getattr(torch, args.dtype), args.device
+    kernel = {"mtsa-sdpa": "sdpa", "mtsa-triton": "triton"}.get(method)
+
+    def inputs(n):
+        shape = (args.batch, args.heads, n, args.dim // args.heads)
+        return [torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(4)]
+
+    def one_pass(tensors):
+        for t in tensors:
+            t.grad = None
+        q, k, v, s2t = tensors
+        if kernel is None:  # mha-flash
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = mtsa_core(q, k, v, s2t, kernel=kernel, s2t_activation="sigmoid")
+        out.float().sum().backward()
+
+    torch.manual_seed(0)
+    one_pass(inputs(16))  # one-time initialisation and kernel compilation, outside the measurement
+    return _peak_and_time(one_pass, inputs(length), device, args.repeats)
+
+
+def _peak_and_time(one_pass, tensors, device: str, repeats: int) -> dict:
+    import torch
+
+    from mtsa_fairseq.benchmarking import synchronize
+
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    one_pass(tensors)
+    synchronize(device)
+    peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        one_pass(tensors)
         synchronize(device)
         times.append(time.perf_counter() - start)
     return {"peak_mb": peak_mb, "ms": 1000 * statistics.median(times)}
@@ -113,6 +162,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS,
                         help="default: mtsa naive mha on CPU; mtsa-sdpa mtsa-triton mha-flash mha on CUDA")
     parser.add_argument("--out", type=Path, help="write the Markdown table (with a line of settings) here")
+    parser.add_argument("--core", action="store_true",
+                        help="time the attention cores alone on per-head tensors (CUDA; mtsa-sdpa, mtsa-triton, "
+                             "mha-flash)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "method:length", run in a subprocess
     args = parser.parse_args()
     if args.one:
@@ -130,7 +182,9 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    args.methods = args.methods or list(DEFAULT_METHODS["cuda" if cuda else "cpu"])
+    args.methods = args.methods or list(DEFAULT_METHODS["core" if args.core else "cuda" if cuda else "cpu"])
+    if args.core and (not cuda or set(args.methods) - {"mtsa-sdpa", "mtsa-triton", "mha-flash"}):
+        parser.error("--core needs --device cuda and only the methods mtsa-sdpa, mtsa-triton and mha-flash")
     if "mtsa-triton" in args.methods and not (cuda and triton_available()):
         parser.error("mtsa-triton needs --device cuda and the triton package (pip install mtsa-fairseq[triton])")
 
@@ -141,7 +195,7 @@ def main() -> None:
         for method in args.methods:
             cmd = [sys.executable, __file__, "--one", f"{method}:{length}", "--batch", str(args.batch),
                    "--dim", str(args.dim), "--heads", str(args.heads), "--repeats", str(args.repeats),
-                   "--device", args.device, "--dtype", args.dtype]
+                   "--device", args.device, "--dtype", args.dtype, *(["--core"] if args.core else [])]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{method} at L={length} failed:\n{proc.stderr[-2000:]}")
@@ -164,7 +218,9 @@ def main() -> None:
         lines.append("| " + " | ".join(cells) + " |")
     where = device_name(args.device) if cuda else (
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
-    meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, d_model {args.dim}, "
+    what = (f"attention cores alone on [B, H, L, {args.dim // args.heads}] tensors, no padding" if args.core
+            else f"d_model {args.dim}")
+    meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, {what}, "
             f"{args.heads} heads, forward+backward, median of {args.repeats}")
     table = "\n".join(lines)
     print(table)

@@ -198,7 +198,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="parameter and activation dtype")
     parser.add_argument("--kernel", default="auto", choices=["auto", "sdpa", "dense", "triton"],
-                        help="mtsa_core's kernel in the MTSA layers (auto: Triton on CUDA when installed, else SDPA)")
+                        help="mtsa_core's kernel in the MTSA layers (auto: SDPA for their exp token2token)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")

@@ -3,6 +3,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -382,6 +383,11 @@ def test_kernel_choice(monkeypatch):
     q, k, v, s2t = (t.cpu() for t in make_inputs(dtype=torch.float32))  # whatever --torch-device says
     assert core._choose_kernel("auto", "exp", q, False) == "sdpa"  # CPU tensors: SDPA stays the default
     assert core._choose_kernel("auto", "sigmoid", q, False) == "dense"
+    cuda_half = types.SimpleNamespace(is_cuda=True, dtype=torch.float16)
+    monkeypatch.setattr(core, "triton_available", lambda: True)
+    assert core._choose_kernel("auto", "exp", cuda_half, True) == "sdpa"  # faster than Triton on an H100
+    assert core._choose_kernel("auto", "sigmoid", cuda_half, True) == "triton"
+    monkeypatch.undo()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="CUDA tensors"):
         mtsa_core(q, k, v, s2t, kernel="triton")

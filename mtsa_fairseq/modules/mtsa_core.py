@@ -29,7 +29,7 @@ How it is computed (reference §8.2, §8.4):
   fused kernel on CUDA; eager elsewhere, for checking). Plain SDPA cannot, so on CPU the default (``"auto"``)
   materialises ``E_R`` per query chunk (``[B, H, chunk, L]``); flex stays opt-in because it compiles
   per sequence-length bucket and has no dropout.
-* ``kernel="triton"`` (the default for CUDA tensors when Triton is installed): one fused pass over the keys
+* ``kernel="triton"`` (the default for sigmoid on CUDA tensors when Triton is installed): one fused pass over the keys
   for ``N`` and ``Z`` together, both token2token forms, dropout drawn in the kernel, forward and backward
   (:mod:`.mtsa_triton`).
 * Underflow. The kernels multiply ``E_R`` (relative to its row maximum, or sigmoid) by ``E_S`` (relative to its
@@ -197,8 +197,8 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
         if q.dtype not in TRITON_DTYPES:
             raise ValueError(f"kernel='triton' takes float16, bfloat16 or float32 inputs, got {q.dtype}")
         return "triton"
-    if kernel == "auto" and q.is_cuda and q.dtype in TRITON_DTYPES and triton_available():
-        return "triton"
+    if kernel == "auto" and token2token == "sigmoid" and q.is_cuda and q.dtype in TRITON_DTYPES and triton_available():
+        return "triton"  # for exp, two SDPA calls were faster and leaner on an H100 (docs/kernel.md)
     if token2token == "exp":
         if kernel in ("flex",):
             raise ValueError("kernel='flex' is for token2token='sigmoid'; the exp path uses SDPA")
@@ -285,8 +285,8 @@ def mtsa_core(
         token2token: ``"exp"`` or ``"sigmoid"`` activation of the scaled dot products.
         dropout_p: attention dropout ``p``; ``E_R`` and ``E_S`` each keep ``sqrt(1 - p)`` in the
             numerator only, and only when ``training``.
-        kernel: ``"auto"`` (``"triton"`` for CUDA tensors when Triton is installed, else ``"sdpa"`` for exp
-            and ``"dense"`` for sigmoid); ``"sdpa"`` (exp only), ``"dense"`` (materialises scores per query
+        kernel: ``"auto"`` (``"sdpa"`` for exp; for sigmoid ``"triton"`` on CUDA tensors when Triton is
+            installed, else ``"dense"``); ``"sdpa"`` (exp only), ``"dense"`` (materialises scores per query
             chunk), ``"flex"`` (sigmoid via FlexAttention, no dropout), ``"triton"`` (the fused kernel; CPU
             tensors only under ``TRITON_INTERPRET=1``).
         query_chunk_size: queries per chunk where masks or scores are materialised (default: keep

@@ -12,7 +12,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.checkpoint_average import AverageError, average_checkpoints, last_checkpoints, save_checkpoint
+from mtsa_fairseq.experiments.translation.checkpoint_average import (
+    AverageError,
+    average_checkpoints,
+    last_checkpoints,
+    save_checkpoint,
+)
 
 
 def main() -> None:

@@ -132,7 +132,7 @@ def measure_core(method: str, length: int, args: argparse.Namespace) -> dict:
 def _peak_and_time(one_pass, tensors, device: str, repeats: int) -> dict:
     import torch
 
-    from mtsa_fairseq.benchmarking import synchronize
+    from mtsa_fairseq.experiments.bench.measure import synchronize
 
     synchronize(device)
     torch.cuda.reset_peak_memory_stats()
@@ -176,7 +176,7 @@ def main() -> None:
 
     import torch
 
-    from mtsa_fairseq.benchmarking import device_name, progress
+    from mtsa_fairseq.experiments.bench.measure import device_name, progress
     from mtsa_fairseq.modules.mtsa_core import triton_available
 
     cuda = args.device.startswith("cuda")

@@ -56,7 +56,7 @@ def memory_mb(name: str, length: int, args: argparse.Namespace) -> float | str:
     """Peak memory growth of one pass (MiB), or ``"OOM"`` when the allocation fails."""
     import torch
 
-    from mtsa_fairseq.benchmarking import limit_address_space_growth, peak_growth_mb
+    from mtsa_fairseq.experiments.bench.measure import limit_address_space_growth, peak_growth_mb
 
     model = build(name, args.dim).to(args.device).train()
     _pass(model, _inputs(args.batch, 8, args.dim, args.device))  # library initialisation
@@ -75,7 +75,7 @@ def memory_mb(name: str, length: int, args: argparse.Namespace) -> float | str:
 
 def times_ms(models: dict, length: int, args: argparse.Namespace, warmup: bool) -> dict[str, float]:
     """Median forward+backward time per encoder, the encoders alternating (ABBA order) pass by pass."""
-    from mtsa_fairseq.benchmarking import timed_rounds
+    from mtsa_fairseq.experiments.bench.measure import timed_rounds
 
     x = _inputs(args.batch, length, args.dim, args.device)
     steps = {name: lambda _, model=model: _pass(model, x) for name, model in models.items()}
@@ -164,7 +164,7 @@ def main() -> None:
 
     import torch
 
-    from mtsa_fairseq.benchmarking import can_measure, device_name, memory_available_gib, progress
+    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, memory_available_gib, progress
 
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")

@@ -72,7 +72,7 @@ def _source_batch(batch: int, length: int, vocab: int, device: str, seed: int):
 
 def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
     """Growth of peak memory during one encoder forward+backward pass (run in a fresh process)."""
-    from mtsa_fairseq.benchmarking import peak_growth_mb
+    from mtsa_fairseq.experiments.bench.measure import peak_growth_mb
 
     model, _ = build_model(MODELS[name], args.vocab, args.device, args.dtype, args.kernel)
     _encoder_pass(model, *_source_batch(args.batch, 16, args.vocab, args.device, 0))  # library initialisation
@@ -83,7 +83,7 @@ def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
 
 def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
     """Median forward+backward time per model, the models alternating (ABBA order) pass by pass."""
-    from mtsa_fairseq.benchmarking import timed_rounds
+    from mtsa_fairseq.experiments.bench.measure import timed_rounds
 
     tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
     steps = {name: lambda _, model=model: _encoder_pass(model, tokens, lengths) for name, (model, _) in models.items()}
@@ -120,7 +120,7 @@ def training_throughput(models: dict, args: argparse.Namespace) -> dict[str, flo
     """Target tokens per second of full training steps (loss, backward, Adam), models alternating."""
     import torch
 
-    from mtsa_fairseq.benchmarking import timed_rounds
+    from mtsa_fairseq.experiments.bench.measure import timed_rounds
 
     batches = training_batches(args)
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.997), eps=1e-9)
@@ -214,7 +214,7 @@ def main() -> None:
         parser.error("--device cuda: no CUDA device is available")
     if args.kernel == "triton" and not args.device.startswith("cuda"):
         parser.error("--kernel triton runs on --device cuda")
-    from mtsa_fairseq.benchmarking import can_measure, device_name, progress
+    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, progress
 
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")

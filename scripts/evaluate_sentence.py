@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtsa_fairseq.sentence_eval import EvaluationError, evaluate  # noqa: E402
+from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate  # noqa: E402
 
 
 def main() -> None:

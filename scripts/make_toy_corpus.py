@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Write the synthetic reordering/agreement parallel corpus (mtsa_fairseq/toy_corpus.py)."""
+"""Write the synthetic reordering/agreement parallel corpus (mtsa_fairseq/experiments/translation/toy_corpus.py)."""
 
 import argparse
 from pathlib import Path
 
-from mtsa_fairseq.toy_corpus import write_corpus
+from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 
 def main() -> None:

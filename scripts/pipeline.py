@@ -2,8 +2,9 @@
 """The whole experiment in one command: data -> N seeds of a baseline and an MTSA config -> BLEU -> t-test.
 
 Without data options it runs the embedded demo: the synthetic reordering/agreement corpus
-(``mtsa_fairseq/toy_corpus.py``), ``configs/demo_transformer.yaml`` vs ``configs/demo_mtsa.yaml``, 3 seeds
-each, on CPU. With your raw parallel files and configs it runs the real thing, e.g. Setup 1:
+(``mtsa_fairseq/experiments/translation/toy_corpus.py``), ``configs/demo_transformer.yaml`` vs
+``configs/demo_mtsa.yaml``, 3 seeds each, on CPU. With your raw parallel files and configs it runs the real
+thing, e.g. Setup 1:
 
   scripts/pipeline.py --out runs/wmt14 --source-lang en --target-lang de \\
       --train europarl.en europarl.de --train commoncrawl.en commoncrawl.de --train nc-v9.en nc-v9.de \\
@@ -27,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mtsa_fairseq.processes import (
+from mtsa_fairseq.experiments.processes import (
     PROGRESS_PREFIX,
     LockBusy,
     RunLock,
@@ -35,7 +36,7 @@ from mtsa_fairseq.processes import (
     run_logged,
     stop_children,
 )
-from mtsa_fairseq.train_config import ConfigError, check_with_fairseq, load_config
+from mtsa_fairseq.experiments.translation.train_config import ConfigError, check_with_fairseq, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -97,7 +98,7 @@ def prepare(args: argparse.Namespace, data: Path) -> None:
         for name, src, tgt in args.test:
             prep += ["--test", name, src, tgt]
     else:
-        from mtsa_fairseq.toy_corpus import write_corpus
+        from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
         raw = args.out / "raw"
         log(f"data: synthetic reordering/agreement corpus {TOY_SIZES} -> {raw}")

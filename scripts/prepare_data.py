@@ -2,7 +2,8 @@
 """Prepare a raw parallel corpus for fairseq: normalise, train a joint sentencepiece model, encode, and
 binarise with fairseq-preprocess --joined-dictionary into OUT (manifest.json, bin/, spm.model, raw/).
 
-Normalisation and filters are described in mtsa_fairseq/data_prep.py. Inputs may be plain text or gzip.
+Normalisation and filters are described in mtsa_fairseq/experiments/translation/data_prep.py. Inputs may
+be plain text or gzip.
 """
 
 import argparse
@@ -10,7 +11,15 @@ import signal
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.data_prep import MODEL_TYPES, NORMALIZATIONS, Corpus, DataError, NamedCorpus, PrepareConfig, prepare
+from mtsa_fairseq.experiments.translation.data_prep import (
+    MODEL_TYPES,
+    NORMALIZATIONS,
+    Corpus,
+    DataError,
+    NamedCorpus,
+    PrepareConfig,
+    prepare,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

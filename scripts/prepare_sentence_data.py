@@ -3,7 +3,7 @@
 tokenise, build the word dictionary and binarise into OUT (manifest.json, dict.txt, {split}.input0/.input1 .bin/.idx,
 {split}.label, and train.fold for the cross-validation sets CR, MPQA, SUBJ).
 
-Tokenisation, filters and the output layout are described in mtsa_fairseq/sentence_data.py.
+Tokenisation, filters and the output layout are described in mtsa_fairseq/experiments/sentence/data.py.
 """
 
 import argparse
@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.sentence_data import (
+from mtsa_fairseq.experiments.sentence.data import (
     CLASS_FILES,
     DATASETS,
     SPLIT_FILES,

@@ -3,7 +3,7 @@
 
 Writes OUT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<OUT stem>.hyp.txt).
 BLEU values: sacreBLEU (detokenised, with its signature), tokenised compound-split BLEU (Vaswani et al.)
-and t2t-bleu's case-sensitive international-tokenisation BLEU; see mtsa_fairseq/scoring.py.
+and t2t-bleu's case-sensitive international-tokenisation BLEU; see mtsa_fairseq/experiments/translation/scoring.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-from mtsa_fairseq import scoring
 from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.experiments.translation import scoring
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtsa_fairseq.processes import run_command, stop_children  # noqa: E402
-from mtsa_fairseq.sentence_experiment import (  # noqa: E402
+from mtsa_fairseq.experiments.processes import run_command, stop_children  # noqa: E402
+from mtsa_fairseq.experiments.sentence.experiment import (  # noqa: E402
     ExperimentError,
     check_options,
     load_task_config,

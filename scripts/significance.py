@@ -4,7 +4,7 @@
 Reads result files of scripts/score.py, groups them by setup and test set, runs a t-test over runs
 (Welch's by default) and, for runs of both systems trained with the same seed, sacreBLEU's paired
 bootstrap and approximate randomization tests. Prints a Markdown report; optionally writes it, a JSON
-summary and a PNG plot. See mtsa_fairseq/significance.py.
+summary and a PNG plot. See mtsa_fairseq/experiments/significance.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-from mtsa_fairseq import significance
-from mtsa_fairseq.scoring import BLEU_METRICS
+from mtsa_fairseq.experiments import significance
+from mtsa_fairseq.experiments.translation.scoring import BLEU_METRICS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,8 +12,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.launch import LAUNCHERS, LaunchError, LaunchOptions, execute, plan, record_finish, record_start
-from mtsa_fairseq.processes import run_command
+from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.translation.launch import (
+    LAUNCHERS,
+    LaunchError,
+    LaunchOptions,
+    execute,
+    plan,
+    record_finish,
+    record_start,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

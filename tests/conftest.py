@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mtsa_fairseq.toy_corpus import write_corpus
+from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 
 def pytest_addoption(parser):

@@ -11,7 +11,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.optim import lr_scheduler
 
 from mtsa_fairseq.contracts import load_yaml
-from mtsa_fairseq.train_config import (
+from mtsa_fairseq.experiments.translation.train_config import (
     ConfigError,
     check_with_fairseq,
     fairseq_args,

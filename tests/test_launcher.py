@@ -15,7 +15,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from process_helpers import trainer_list_is, trainers_on, wait_for
 
-from mtsa_fairseq.launch import (
+from mtsa_fairseq.experiments.translation.launch import (
     LaunchError,
     LaunchOptions,
     execute,
@@ -24,8 +24,8 @@ from mtsa_fairseq.launch import (
     record_finish,
     record_start,
 )
-from mtsa_fairseq.toy_corpus import write_corpus
-from mtsa_fairseq.train_config import USER_DIR
+from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
+from mtsa_fairseq.experiments.translation.train_config import USER_DIR
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 

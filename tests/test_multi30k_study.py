@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
-from mtsa_fairseq.train_config import is_mtsa_option, load_config
+from mtsa_fairseq.experiments.translation.train_config import is_mtsa_option, load_config
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from process_helpers import trainers_on, wait_for
 
-from mtsa_fairseq.toy_corpus import write_corpus
+from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 

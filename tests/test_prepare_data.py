@@ -1,4 +1,5 @@
-"""scripts/prepare_data.py and mtsa_fairseq.data_prep: normalisation, validation, filters, end to end."""
+"""scripts/prepare_data.py and mtsa_fairseq.experiments.translation.data_prep: normalisation, validation, filters,
+end to end."""
 
 import gzip
 import json
@@ -12,8 +13,8 @@ import sentencepiece as spm
 from fairseq.data import Dictionary, data_utils
 from process_helpers import wait_for
 
-from mtsa_fairseq import scoring
-from mtsa_fairseq.data_prep import (
+from mtsa_fairseq.experiments.translation import scoring
+from mtsa_fairseq.experiments.translation.data_prep import (
     Corpus,
     DataError,
     NamedCorpus,
@@ -28,7 +29,7 @@ from mtsa_fairseq.data_prep import (
     staging_dir,
     validate,
 )
-from mtsa_fairseq.toy_corpus import write_corpus
+from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "prepare_data.py"

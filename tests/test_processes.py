@@ -1,4 +1,4 @@
-"""mtsa_fairseq.processes: the run lock, children tied to their launcher, progress lines."""
+"""mtsa_fairseq.experiments.processes: the run lock, children tied to their launcher, progress lines."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 from process_helpers import children_of, wait_for
 
-from mtsa_fairseq.processes import PROGRESS_PREFIX, LockBusy, RunLock, UpdateProgress, run_logged
+from mtsa_fairseq.experiments.processes import PROGRESS_PREFIX, LockBusy, RunLock, UpdateProgress, run_logged
 
 HOLD = "import sys, time; sys.stdout.write('holding\\n'); sys.stdout.flush(); time.sleep(60)"
 
@@ -40,7 +40,7 @@ def test_a_child_keeps_the_lock_after_its_launcher_let_go_and_frees_it_when_kill
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_run_logged_children_die_with_their_launcher(tmp_path):
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from mtsa_fairseq.processes import run_logged; "
+        [sys.executable, "-c", "import sys; from mtsa_fairseq.experiments.processes import run_logged; "
          f"run_logged([sys.executable, '-c', {HOLD!r}], None)"], stdout=subprocess.PIPE, text=True)
     assert launcher.stdout.readline() == "holding\n"
     child = wait_for(lambda: children_of(launcher.pid), "the launcher's child")[0]
@@ -82,7 +82,7 @@ def test_update_progress_reports_at_most_every_interval_and_at_the_end():
 @pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
 def test_commands_end_on_ctrl_c_or_kill_with_one_line(signum, code):
     script = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "from mtsa_fairseq.processes import run_command; "
+              "from mtsa_fairseq.experiments.processes import run_command; "
               "run_command(lambda: (print('ready', flush=True), time.sleep(60)))")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"

@@ -1,4 +1,5 @@
-"""mtsa_fairseq.scoring and scripts/score.py, end to end through fairseq's real CLIs on a tiny corpus."""
+"""mtsa_fairseq.experiments.translation.scoring and scripts/score.py, end to end through fairseq's real CLIs on a
+tiny corpus."""
 
 import json
 import os
@@ -13,9 +14,9 @@ from fairseq import checkpoint_utils
 from sacremoses import MosesTokenizer
 
 import mtsa_fairseq
-from mtsa_fairseq import scoring
-from mtsa_fairseq.data_prep import count_lines
-from mtsa_fairseq.toy_corpus import write_corpus
+from mtsa_fairseq.experiments.translation import scoring
+from mtsa_fairseq.experiments.translation.data_prep import count_lines
+from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "score.py"
 USER_DIR = str(Path(mtsa_fairseq.__file__).parent)

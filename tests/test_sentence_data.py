@@ -1,4 +1,5 @@
-"""scripts/prepare_sentence_data.py and mtsa_fairseq.sentence_data: readers, tokenisation, dictionary, output.
+"""scripts/prepare_sentence_data.py and mtsa_fairseq.experiments.sentence.data: readers, tokenisation, dictionary,
+output.
 
 Real-data tests read ../shared/data (relative to the repository root) and are skipped where it is absent.
 """
@@ -16,7 +17,7 @@ import pytest
 from fairseq.data import Dictionary, data_utils
 
 from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA
-from mtsa_fairseq.sentence_data import (
+from mtsa_fairseq.experiments.sentence.data import (
     DataError,
     SentenceDataConfig,
     assign_folds,

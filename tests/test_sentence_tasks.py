@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from process_helpers import trainers_on, wait_for
 
-from mtsa_fairseq.sentence_experiment import ExperimentError, load_task_config
-from mtsa_fairseq.train_config import options_to_args, parse_fairseq_train
+from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, load_task_config
+from mtsa_fairseq.experiments.translation.train_config import options_to_args, parse_fairseq_train
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 
@@ -252,7 +252,7 @@ def test_sst_phrase_training_on_real_trees(tmp_path):
 
 
 def test_dev_curve_reads_fairseq_validation_lines_once_per_update():
-    from mtsa_fairseq.sentence_experiment import dev_curve
+    from mtsa_fairseq.experiments.sentence.experiment import dev_curve
 
     line = ("2026-11-22 20:30:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | loss 2.104 | l2 0.5 | "
             "accuracy {a} | wps 1234.5 | wpb 300 | bsz 32 | num_updates {u} | best_accuracy {a}")

@@ -1,4 +1,4 @@
-"""scripts/significance.py and mtsa_fairseq.significance on small result files written here."""
+"""scripts/significance.py and mtsa_fairseq.experiments.significance on small result files written here."""
 
 import json
 import math
@@ -15,8 +15,9 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from scipy import stats
 
-from mtsa_fairseq import scoring, significance
-from mtsa_fairseq.toy_corpus import write_corpus
+from mtsa_fairseq.experiments import significance
+from mtsa_fairseq.experiments.translation import scoring
+from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "significance.py"
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}

@@ -48,8 +48,8 @@ from typing import TextIO
 import sentencepiece as spm
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 
-from .contracts import MANIFEST_SCHEMA, iter_lines, open_binary
-from .processes import RunLock, child_options, stop_group
+from mtsa_fairseq.contracts import MANIFEST_SCHEMA, iter_lines, open_binary
+from mtsa_fairseq.experiments.processes import RunLock, child_options, stop_group
 
 NORMALIZATIONS = ("nfkc", "nfc", "none")
 MODEL_TYPES = ("unigram", "bpe")

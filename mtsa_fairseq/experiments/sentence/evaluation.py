@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .criterions.sentence_encoding import expected_score
+from mtsa_fairseq.criterions.sentence_encoding import expected_score
 
 RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contracts import load_yaml
+from mtsa_fairseq.contracts import load_yaml
 
-USER_DIR = str(Path(__file__).resolve().parent)
+USER_DIR = str(Path(__file__).resolve().parents[2])  # the plugin: mtsa_fairseq/, what --user-dir loads
 SYSTEMS = ("transformer", "mtsa")
 REQUIRED_KEYS = ("name", "system", "setup", "description", "hardware", "average_last", "fairseq")
 OPTIONAL_KEYS = ("train_max_length",)

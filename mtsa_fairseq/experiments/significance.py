@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .contracts import RESULT_SCHEMA, read_json, read_lines
-from .scoring import BLEU_METRICS
+from mtsa_fairseq.contracts import RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.experiments.translation.scoring import BLEU_METRICS
 
 TESTS = ("welch", "student")
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.experiments.translation.train_config import USER_DIR
 
 BLEU_METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
 
@@ -284,7 +285,7 @@ def generate_command(
     executable = Path(sys.executable).parent / "fairseq-generate"
     cmd = [
         str(executable) if executable.exists() else "fairseq-generate", str(data_bin),
-        "--user-dir", str(Path(__file__).resolve().parent), "--path", str(checkpoint), "--gen-subset", subset,
+        "--user-dir", USER_DIR, "--path", str(checkpoint), "--gen-subset", subset,
         "--beam", str(beam), "--lenpen", str(lenpen), "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b),
         "--nbest", "1", "--required-batch-size-multiple", "1", "--num-workers", "0",
     ]

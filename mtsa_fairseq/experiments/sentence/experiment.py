@@ -31,11 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from .contracts import load_yaml
-from .launch import LaunchError, checkpoint_updates, find_executable, mean_train_wps
-from .processes import RunLock, UpdateProgress, run_logged
-from .significance import SignificanceError, t_test
-from .train_config import USER_DIR, ConfigError, option_origins, options_to_args, parse_fairseq_train
+from mtsa_fairseq.contracts import load_yaml
+from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
+from mtsa_fairseq.experiments.significance import SignificanceError, t_test
+from mtsa_fairseq.experiments.translation.launch import LaunchError, checkpoint_updates, find_executable, mean_train_wps
+from mtsa_fairseq.experiments.translation.train_config import (
+    USER_DIR,
+    ConfigError,
+    option_origins,
+    options_to_args,
+    parse_fairseq_train,
+)
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 TASK_METRICS = ("accuracy", "pearson")
@@ -189,7 +195,7 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
 def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
                 threads: int | None, cpu: bool, log: Callable[[str], None], split: str | None,
                 lock: RunLock) -> dict[str, Any]:
-    from .sentence_eval import evaluate
+    from mtsa_fairseq.experiments.sentence.evaluation import evaluate
 
     result_path = run.result_path(out)
     budget = max_update if max_update is not None else config.options(run.arch)["max-update"]

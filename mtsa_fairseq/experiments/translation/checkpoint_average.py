@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint_safety import allow_fairseq_checkpoints
+from mtsa_fairseq.checkpoint_safety import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
 

@@ -58,8 +58,8 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.data.indexed_dataset import make_builder
 
-from .contracts import SENTENCE_DATA_SCHEMA
-from .data_prep import DataError, current_umask, move_into_place, staging_dir
+from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA
+from mtsa_fairseq.experiments.translation.data_prep import DataError, current_umask, move_into_place, staging_dir
 
 NUM_FOLDS = 10
 SPLITS = ("train", "valid", "test")

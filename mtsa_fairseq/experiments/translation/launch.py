@@ -29,16 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint_average import (
+from mtsa_fairseq.contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json, read_run
+from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
+from mtsa_fairseq.experiments.translation.checkpoint_average import (
     EPOCH_CHECKPOINT,
     UPDATE_CHECKPOINT,
     AverageError,
     average_checkpoints,
     save_checkpoint,
 )
-from .contracts import MANIFEST_SCHEMA, RUN_SCHEMA, read_json, read_run
-from .processes import RunLock, UpdateProgress, run_logged
-from .train_config import (
+from mtsa_fairseq.experiments.translation.train_config import (
     LAUNCHER_OPTIONS,
     USER_DIR,
     ConfigError,

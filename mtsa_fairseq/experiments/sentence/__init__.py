@@ -1,0 +1,1 @@
+"""Sentence-encoder experiments: data preparation, runs of the task configs, evaluation."""

@@ -1,0 +1,1 @@
+"""Translation experiments: data preparation, seeds of fairseq-train, checkpoint averaging, BLEU."""

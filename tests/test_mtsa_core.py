@@ -378,6 +378,28 @@ def test_module_half_precision_stays_finite(dtype, s2t_activation):
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
+@pytest.mark.parametrize("s2t_activation", ["scaled_sigmoid", "exp"])
+def test_float16_at_scale_100_is_finite_under_loss_scaling(s2t_activation):
+    """Inputs scaled by 100 in float16: the true q/k weight gradients of a summed loss reach 1e5-1e6, beyond
+    float16's 65504, so they must overflow unscaled; under the power-of-two loss scale that brings the true
+    gradients into range (what fairseq's --fp16 scaler settles on), every gradient is finite."""
+    from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
+
+    m = MTSAMultiheadAttention(64, 4, s2t_activation=s2t_activation).half()
+    m32 = MTSAMultiheadAttention(64, 4, s2t_activation=s2t_activation)
+    m32.load_state_dict(m.state_dict())
+    x16 = (torch.randn(40, 2, 64) * 100).half()
+    x32 = x16.float().requires_grad_()
+    m32(x32, x32, x32)[0].sum().backward()
+    true_max = max([p.grad.abs().max().item() for p in m32.parameters()] + [x32.grad.abs().max().item()])
+    assert true_max > torch.finfo(torch.float16).max  # the case this test is about
+    scale = 2.0 ** math.floor(math.log2(8192 / true_max))
+    x = x16.clone().requires_grad_()
+    (m(x, x, x)[0].float().sum() * scale).backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
 def test_kernel_choice(monkeypatch):
     core = sys.modules[mtsa_core.__module__]
     q, k, v, s2t = (t.cpu() for t in make_inputs(dtype=torch.float32))  # whatever --torch-device says

@@ -13,15 +13,10 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.translation.launch import (
-    LAUNCHERS,
-    LaunchError,
-    LaunchOptions,
-    execute,
-    plan,
-    record_finish,
-    record_start,
-)
+from mtsa_fairseq.experiments.translation.launch import execute
+from mtsa_fairseq.experiments.translation.plan import LAUNCHERS, LaunchOptions, plan
+from mtsa_fairseq.experiments.translation.runs import record_finish, record_start
+from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,17 +15,12 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from process_helpers import trainer_list_is, trainers_on, wait_for
 
-from mtsa_fairseq.experiments.translation.launch import (
-    LaunchError,
-    LaunchOptions,
-    execute,
-    mean_train_wps,
-    plan,
-    record_finish,
-    record_start,
-)
+from mtsa_fairseq.experiments.translation.launch import execute
+from mtsa_fairseq.experiments.translation.plan import LaunchOptions, plan
+from mtsa_fairseq.experiments.translation.runs import mean_train_wps, record_finish, record_start
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 from mtsa_fairseq.experiments.translation.train_config import USER_DIR
+from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 

@@ -34,7 +34,8 @@ import numpy as np
 from mtsa_fairseq.contracts import load_yaml
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
 from mtsa_fairseq.experiments.significance import SignificanceError, t_test
-from mtsa_fairseq.experiments.translation.launch import LaunchError, checkpoint_updates, find_executable, mean_train_wps
+from mtsa_fairseq.experiments.translation.plan import find_executable
+from mtsa_fairseq.experiments.translation.runs import checkpoint_updates, mean_train_wps
 from mtsa_fairseq.experiments.translation.train_config import (
     USER_DIR,
     ConfigError,
@@ -42,6 +43,7 @@ from mtsa_fairseq.experiments.translation.train_config import (
     options_to_args,
     parse_fairseq_train,
 )
+from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 TASK_METRICS = ("accuracy", "pearson")

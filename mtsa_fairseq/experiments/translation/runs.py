@@ -1,0 +1,144 @@
+"""Run records: ``run.json`` of each seed (contract 2), read tolerantly by the launcher, and what the launcher
+learns from a run directory (checkpoint updates, throughput in the log, interval snapshots)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.experiments.translation.checkpoint_average import (
+    EPOCH_CHECKPOINT,
+    UPDATE_CHECKPOINT,
+    AverageError,
+    average_checkpoints,
+    save_checkpoint,
+)
+from mtsa_fairseq.experiments.translation.training_view import LaunchError
+
+_WPS = re.compile(r"\| train_inner \| .*\bwps=([0-9.]+)")
+_LOGGED_UPDATES = re.compile(r"\bnum_updates[= ](\d+)")
+
+
+def previous_run(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's run.json, or None if it has none or an unreadable one (then the run starts over:
+    unlike scoring, which needs a valid record, the launcher can always rebuild it)."""
+    try:
+        return read_run(run_dir, LaunchError)
+    except LaunchError:
+        return None
+
+
+def write_run(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write run.json atomically."""
+    path = Path(run_dir) / "run.json"
+    tmp = path.with_name(f".run.json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def checkpoint_updates(path: Path) -> int | None:
+    """Updates recorded in a fairseq checkpoint (None if it does not exist or cannot be read)."""
+    if not Path(path).is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(state["optimizer_history"][-1]["num_updates"])
+    except Exception:  # a checkpoint being written, truncated or foreign: treated as absent
+        return None
+
+
+def mean_train_wps(log_text: str) -> float | None:
+    """Mean of fairseq's ``wps`` (target tokens per second) over the logged training intervals."""
+    values = [float(v) for v in _WPS.findall(log_text)]
+    return sum(values) / len(values) if values else None
+
+
+def interval_snapshots(run_dir: Path, every: int) -> list[Path]:
+    """The checkpoints of ``run_dir`` taken at multiples of ``every`` updates, oldest first, one per update.
+
+    fairseq writes ``checkpoint_<epoch>_<update>.pt`` every ``--save-interval-updates`` updates except when
+    that update also ends an epoch: then the state is saved only as ``checkpoint<epoch>.pt`` (unless
+    ``--no-epoch-checkpoints``) and ``checkpoint_last.pt``, so all three kinds are looked at."""
+    found: dict[int, Path] = {}
+    for path in sorted(Path(run_dir).glob("checkpoint*.pt"), key=lambda p: (p.name == "checkpoint_last.pt", p.name)):
+        if not (UPDATE_CHECKPOINT.match(path.name) or EPOCH_CHECKPOINT.match(path.name)
+                or path.name == "checkpoint_last.pt"):
+            continue
+        updates = checkpoint_updates(path)
+        if updates and updates % every == 0:
+            found.setdefault(updates, path)
+    return [found[u] for u in sorted(found)]
+
+
+def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
+    """Whether a run.json says the run finished ``max_update`` updates."""
+    return bool(record) and record.get("status") == "done" and (record.get("num_updates") or 0) >= max_update
+
+
+def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_mb: float | None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fill run.json after a training session: updates, throughput, time, averaging, status."""
+    record = previous_run(run_dir)
+    if record is None:
+        raise LaunchError(f"{run_dir} has no run.json")
+    log_path = Path(run_dir) / "train.log"
+    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    updates = checkpoint_updates(Path(run_dir) / "checkpoint_last.pt")
+    if updates is None:
+        logged = _LOGGED_UPDATES.findall(log_text)
+        updates = int(logged[-1]) if logged else None
+    peaks = [p for p in (record.get("peak_rss_mb"), peak_rss_mb) if p is not None]
+    record.update(
+        returncode=returncode, num_updates=updates,
+        wall_seconds=round(record.get("wall_seconds", 0.0) + session_seconds, 3),
+        train_target_tokens_per_second=mean_train_wps(log_text), peak_rss_mb=max(peaks) if peaks else None,
+    )
+    record.pop("error", None)
+    if returncode != 0:
+        record.update(status="failed", error=f"fairseq-train exited with {returncode} (see {log_path})")
+    elif updates is None or updates < record["max_update"]:
+        record.update(status="failed", error=f"training stopped at {updates} of {record['max_update']} updates")
+    else:
+        record["status"] = "done"
+        average_last = record.get("average_last") or 0
+        if average_last:
+            paths = interval_snapshots(run_dir, record["save_interval_updates"])[-average_last:]
+            try:
+                if len(paths) < average_last:
+                    raise AverageError(f"{run_dir} holds {len(paths)} checkpoints at multiples of "
+                                       f"{record['save_interval_updates']} updates, fewer than {average_last}")
+                save_checkpoint(average_checkpoints(paths), record["checkpoint"])
+                record["averaged"] = [str(p) for p in paths]
+                log(f"averaged {', '.join(p.name for p in paths)} -> {record['checkpoint']}")
+            except AverageError as err:
+                record.update(status="failed", error=f"averaging: {err}")
+    write_run(run_dir, record)
+    return record
+
+
+def record_start(run_dir: Path) -> dict[str, Any]:
+    """Mark a run as running (the sbatch script calls this before ``srun``)."""
+    record = previous_run(run_dir)
+    if record is None:
+        raise LaunchError(f"{run_dir} has no run.json")
+    record.update(status="running", started_at=time.time(),
+                  resumed_from_updates=checkpoint_updates(Path(run_dir) / "checkpoint_last.pt") or 0)
+    write_run(run_dir, record)
+    return record
+
+
+def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fill run.json after ``srun`` (the sbatch script calls this); peak memory is not measurable there."""
+    record = previous_run(run_dir)
+    if record is None:
+        raise LaunchError(f"{run_dir} has no run.json")
+    started = record.get("started_at")
+    return finish_run(run_dir, returncode, time.time() - started if started else 0.0, None, log)

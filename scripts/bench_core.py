@@ -13,21 +13,20 @@ With ``--core`` the projections are left out: ``mtsa-sdpa``, ``mtsa-triton`` and
 ``mtsa_core`` (source2token logits given, sigmoid) and ``scaled_dot_product_attention`` alone on per-head
 ``[B, H, L, d]`` tensors without padding, so that multi-head attention runs on PyTorch's flash kernel.
 
-Each (method, length) runs in a fresh subprocess: peak memory is the growth of the process's maximum
-resident set (CPU) or of ``max_memory_allocated`` (CUDA) during one forward+backward pass (inputs and weights
-allocated before), time is the median of ``--repeats`` passes after one warm-up. Writes a Markdown table.
+Each (method, length) runs in a fresh subprocess. Peak memory: on CPU the growth of the resident set's
+high-water mark during one forward+backward pass (reset through ``/proc/self/clear_refs`` once weights,
+inputs and libraries are in place), on CUDA the growth of ``max_memory_allocated``. Time: the median of
+``--repeats`` passes after that one, which serves as their warm-up. Writes a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import resource
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 METHODS = ("mtsa", "mtsa-sdpa", "mtsa-triton", "naive", "mha", "mha-flash")
@@ -36,6 +35,10 @@ DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-
 
 
 def measure(method: str, length: int, args: argparse.Namespace) -> dict:
+    """Peak memory (MiB) and median time (ms) of one forward+backward pass of ``method`` at ``length``."""
+    if args.core:
+        return measure_core(method, length, args)
+
     import torch
     import torch.nn.functional as F
     from fairseq.modules import MultiheadAttention
@@ -70,9 +73,6 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
         return module.out_proj(out.permute(2, 0, 1, 3).reshape(n, batch, dim))
 
-    if args.core:
-        return measure_core(method, length, args)
-
     def inputs(n):
         x = torch.randn(n, batch, dim, device=device, dtype=dtype, requires_grad=True)
         pad = torch.zeros(batch, n, dtype=torch.bool, device=device)
@@ -86,18 +86,8 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
 
     module.train()
     one_pass(*inputs(16))  # one-time library initialisation (and kernel compilation), outside the measurement
-    if device.startswith("cuda"):
-        return _peak_and_time(lambda t: one_pass(*t), inputs(length), device, args.repeats)
     x, pad = inputs(length)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    one_pass(x, pad)
-    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        one_pass(x, pad)
-        times.append(time.perf_counter() - start)
-    return {"peak_mb": peak_mb, "ms": 1000 * statistics.median(times)}
+    return _peak_and_time(lambda: one_pass(x, pad), device, args.repeats)
 
 
 def measure_core(method: str, length: int, args: argparse.Namespace) -> dict:
@@ -126,31 +116,33 @@ def measure_core(method: str, length: int, args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     one_pass(inputs(16))  # one-time initialisation and kernel compilation, outside the measurement
-    return _peak_and_time(one_pass, inputs(length), device, args.repeats)
+    tensors = inputs(length)
+    return _peak_and_time(lambda: one_pass(tensors), device, args.repeats)
 
 
-def _peak_and_time(one_pass, tensors, device: str, repeats: int) -> dict:
-    import torch
+def _peak_and_time(one_pass: Callable[[], None], device: str, repeats: int) -> dict:
+    """Peak memory growth of one pass, then the median time of ``repeats`` more (that pass their warm-up)."""
+    from mtsa_fairseq.experiments.bench.measure import peak_growth_mb, timed_rounds
 
-    from mtsa_fairseq.experiments.bench.measure import synchronize
-
-    synchronize(device)
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    one_pass(tensors)
-    synchronize(device)
-    peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        one_pass(tensors)
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return {"peak_mb": peak_mb, "ms": 1000 * statistics.median(times)}
+    peak_mb = peak_growth_mb(one_pass, device)
+    seconds = timed_rounds({"pass": lambda _: one_pass()}, repeats, device, warmup=False)["pass"]
+    return {"peak_mb": peak_mb, "ms": 1000 * statistics.median(seconds)}
 
 
-def main() -> None:
+def measure_isolated(method: str, length: int, args: argparse.Namespace) -> dict:
+    """:func:`measure` in a fresh process (``--one``); exits with the child's error if it fails."""
+    from mtsa_fairseq.experiments.bench.measure import CellFailed, run_isolated
+
+    options = ["--one", f"{method}:{length}", "--batch", str(args.batch), "--dim", str(args.dim), "--heads",
+               str(args.heads), "--repeats", str(args.repeats), "--device", args.device, "--dtype", args.dtype]
+    try:
+        return run_isolated(__file__, options + (["--core"] if args.core else []), f"{method} at L={length}")
+    except CellFailed as error:
+        sys.exit(str(error))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
     parser.add_argument("--batch", type=int, default=2)
@@ -166,22 +158,30 @@ def main() -> None:
                         help="time the attention cores alone on per-head tensors (CUDA; mtsa-sdpa, mtsa-triton, "
                              "mha-flash)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "method:length", run in a subprocess
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
+    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, emit, progress
+
     if args.one:
         method, length = args.one.split(":")
-        print(json.dumps(measure(method, int(length), args)))
+        emit(measure(method, int(length), args))
         return
     if args.out is not None and not args.out.parent.is_dir():
         parser.error(f"--out directory {args.out.parent} does not exist")
 
     import torch
 
-    from mtsa_fairseq.experiments.bench.measure import device_name, progress
     from mtsa_fairseq.modules.mtsa_core import triton_available
 
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
+    if not can_measure(args.device):
+        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
     args.methods = args.methods or list(DEFAULT_METHODS["core" if args.core else "cuda" if cuda else "cpu"])
     if args.core and (not cuda or set(args.methods) - {"mtsa-sdpa", "mtsa-triton", "mha-flash"}):
         parser.error("--core needs --device cuda and only the methods mtsa-sdpa, mtsa-triton and mha-flash")
@@ -193,13 +193,7 @@ def main() -> None:
     for done, length in enumerate(args.lengths, 1):
         row = {"L": length}
         for method in args.methods:
-            cmd = [sys.executable, __file__, "--one", f"{method}:{length}", "--batch", str(args.batch),
-                   "--dim", str(args.dim), "--heads", str(args.heads), "--repeats", str(args.repeats),
-                   "--device", args.device, "--dtype", args.dtype, *(["--core"] if args.core else [])]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"{method} at L={length} failed:\n{proc.stderr[-2000:]}")
-            row[method] = json.loads(proc.stdout.strip().splitlines()[-1])
+            row[method] = measure_isolated(method, length, args)
             print(f"{progress(done, len(args.lengths), start)} L={length:5d} {method:11s} "
                   f"peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms",
                   flush=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
@@ -71,6 +70,18 @@ def memory_mb(name: str, length: int, args: argparse.Namespace) -> float | str:
         if "can't allocate memory" in str(error) or "not enough memory" in str(error):
             return OOM
         raise
+
+
+def memory_mb_isolated(name: str, length: int, args: argparse.Namespace) -> float | str:
+    """:func:`memory_mb` in a fresh process (``--memory-of``); exits with the child's error if it fails."""
+    from mtsa_fairseq.experiments.bench.measure import CellFailed, run_isolated
+
+    options = ["--memory-of", f"{name}:{length}", "--batch", str(args.batch), "--dim", str(args.dim),
+               "--device", args.device, "--memory-limit-gb", str(args.memory_limit_gb or 0)]
+    try:
+        return run_isolated(__file__, options, f"memory of {name} at L={length}")
+    except CellFailed as error:
+        sys.exit(f"error: {error}")
 
 
 def times_ms(models: dict, length: int, args: argparse.Namespace, warmup: bool) -> dict[str, float]:
@@ -140,7 +151,8 @@ def merge(paths: list[Path]) -> dict:
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024],
                         help="sequence lengths, increasing")
@@ -160,17 +172,22 @@ def main() -> None:
     parser.add_argument("--from-json", type=Path, nargs="+",
                         help="measure nothing: merge these --json files into --json/--plot and print the table")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: "encoder:L", in a fresh process
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
 
     import torch
 
-    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, memory_available_gib, progress
+    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, emit, memory_available_gib, progress
 
     if not can_measure(args.device):
-        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
+        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
     if args.memory_of:
         name, length = args.memory_of.split(":")
-        print(json.dumps(memory_mb(name, int(length), args)))
+        emit(memory_mb(name, int(length), args))
         return
     for out in (args.json, args.plot):
         if out is not None and not out.parent.is_dir():
@@ -201,15 +218,7 @@ def main() -> None:
     }
     start = time.monotonic()
     for i, length in enumerate(args.lengths):
-        mb = {}
-        for name in models:
-            proc = subprocess.run(
-                [sys.executable, __file__, "--memory-of", f"{name}:{length}", "--batch", str(args.batch),
-                 "--dim", str(args.dim), "--device", args.device,
-                 "--memory-limit-gb", str(args.memory_limit_gb or 0)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"error: memory of {name} at L={length} failed:\n{proc.stderr[-2000:]}")
-            mb[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        mb = {name: memory_mb_isolated(name, length, args) for name in models}
         for name in [n for n in models if mb[n] == OOM]:
             del models[name]  # and so not run at longer lengths either
             result["stopped"][name] = f"out of memory at L = {length}"

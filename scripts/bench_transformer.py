@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -79,6 +78,19 @@ def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
     tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
     model.zero_grad(set_to_none=True)
     return peak_growth_mb(lambda: _encoder_pass(model, tokens, lengths), args.device)
+
+
+def peak_memory_mb_isolated(name: str, length: int, args: argparse.Namespace) -> float:
+    """:func:`peak_memory_mb` in a fresh process (``--memory-of``); exits with the child's error if it fails."""
+    from mtsa_fairseq.experiments.bench.measure import CellFailed, run_isolated
+
+    options = ["--memory-of", f"{name}:{length}", "--batch", str(args.batch), "--vocab", str(args.vocab),
+               "--device", args.device, "--dtype", args.dtype, "--kernel", args.kernel]
+    options += ["--threads", str(args.threads)] if args.threads else []
+    try:
+        return run_isolated(__file__, options, f"memory measurement of {name} at L={length}")
+    except CellFailed as error:
+        sys.exit(f"error: {error}")
 
 
 def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
@@ -184,7 +196,8 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048],
                         help="encoder sequence lengths")
@@ -204,6 +217,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: "model:L", run in a fresh process
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
 
     import torch
@@ -214,13 +232,13 @@ def main() -> None:
         parser.error("--device cuda: no CUDA device is available")
     if args.kernel == "triton" and not args.device.startswith("cuda"):
         parser.error("--kernel triton runs on --device cuda")
-    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, progress
+    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, emit, progress
 
     if not can_measure(args.device):
-        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/status)")
+        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
     if args.memory_of:
         name, length = args.memory_of.split(":")
-        print(json.dumps(peak_memory_mb(name, int(length), args)))
+        emit(peak_memory_mb(name, int(length), args))
         return
     for out in (args.markdown, args.json, args.plot):
         if out is not None and not out.parent.is_dir():
@@ -229,20 +247,11 @@ def main() -> None:
     torch.manual_seed(0)
     models = {name: build_model(arch, args.vocab, args.device, args.dtype, args.kernel)
               for name, arch in MODELS.items()}
-    passthrough = ["--batch", str(args.batch), "--vocab", str(args.vocab), "--device", args.device,
-                   "--dtype", args.dtype, "--kernel", args.kernel]
-    passthrough += ["--threads", str(args.threads)] if args.threads else []
     encoder = []
     start = time.monotonic()
     for done, length in enumerate(args.lengths, 1):
         ms = encoder_times_ms(models, length, args)
-        mb = {}
-        for name in MODELS:
-            proc = subprocess.run([sys.executable, __file__, "--memory-of", f"{name}:{length}", *passthrough],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"error: memory measurement of {name} at L={length} failed:\n{proc.stderr[-2000:]}")
-            mb[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        mb = {name: peak_memory_mb_isolated(name, length, args) for name in MODELS}
         row = {"L": length, "ms": ms, "mb": mb, "time_ratio": ms["mtsa"] / ms["transformer"],
                "memory_ratio": mb["mtsa"] / mb["transformer"]}
         encoder.append(row)

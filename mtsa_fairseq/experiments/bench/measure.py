@@ -1,18 +1,49 @@
-"""Measurement helpers shared by the benchmark scripts: side-by-side timing in alternating order, and
-peak memory of one step (CUDA's allocator statistics, or on a Linux CPU the resident set's high-water
+"""Measurement helpers shared by the benchmark scripts: one measurement cell per fresh subprocess
+(:func:`run_isolated`, the child reporting through :func:`emit`), side-by-side timing in alternating order,
+and peak memory of one step (CUDA's allocator statistics, or on a Linux CPU the resident set's high-water
 mark, reset through ``/proc/self/clear_refs`` just before the step)."""
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 PROC_STATUS = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+class CellFailed(RuntimeError):
+    """A measurement cell's subprocess failed or printed no JSON result."""
+
+
+def run_isolated(script: Path | str, args: list[str], cell: str) -> Any:
+    """Run ``python script *args`` in a fresh process and return the JSON value on the last line of its
+    stdout (written by :func:`emit`); raise :class:`CellFailed` naming ``cell`` (e.g. ``"mtsa at L=512"``)
+    with the end of the child's stderr when it exits with an error or its last line is not JSON."""
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0:
+        raise CellFailed(f"{cell} failed (exit status {proc.returncode}):\n{proc.stderr[-2000:]}")
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise CellFailed(f"{cell} printed no JSON result as its last line of output:\n"
+                         f"{proc.stdout[-1000:]}{proc.stderr[-1000:]}") from None
+
+
+def emit(result: Any) -> None:
+    """Print ``result`` as one JSON line: a child's answer to :func:`run_isolated`."""
+    print(json.dumps(result), flush=True)
 
 
 def _proc_kb(path: Path, field: str) -> int:
@@ -32,8 +63,11 @@ def memory_available_gib() -> float:
 
 
 def can_measure(device: str) -> bool:
-    """Whether :func:`peak_growth_mb` works here (CUDA, or a CPU with ``/proc/self/status``)."""
-    return torch.cuda.is_available() if device.startswith("cuda") else PROC_STATUS.exists()
+    """Whether :func:`peak_growth_mb` works here (CUDA, or a CPU with ``/proc/self/status`` and a writable
+    ``/proc/self/clear_refs``)."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_available()
+    return PROC_STATUS.exists() and os.access(CLEAR_REFS, os.W_OK)
 
 
 def peak_growth_mb(step: Callable[[], None], device: str) -> float:
@@ -46,7 +80,7 @@ def peak_growth_mb(step: Callable[[], None], device: str) -> float:
         step()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
-    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts at the current RSS
+    CLEAR_REFS.write_text("5")  # the high-water mark restarts at the current RSS
     before = _status_kb("VmRSS")
     step()
     return (_status_kb("VmHWM") - before) / 1024

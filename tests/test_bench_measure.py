@@ -1,0 +1,76 @@
+"""The benchmark scripts' shared measurement helpers: a cell in a fresh process answers with its last JSON
+line or fails naming the cell, and peak memory growth sees what a step allocates on top of what is there."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+from mtsa_fairseq.experiments.bench.measure import CellFailed, can_measure, emit, peak_growth_mb, run_isolated
+
+
+def child(tmp_path, body: str):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(body))
+    return script
+
+
+def test_emit_prints_one_json_line(capsys):
+    emit({"peak_mb": 1.5, "ms": 2})
+    emit("OOM")
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"peak_mb": 1.5, "ms": 2}, "OOM"]
+
+
+def test_run_isolated_returns_the_last_json_line_of_the_child(tmp_path):
+    script = child(tmp_path, """
+        import json, sys
+        print("a library's chatter on stdout")
+        print(json.dumps({"not": "this one"}))
+        print(json.dumps({"args": sys.argv[1:], "peak_mb": 1.5}))
+    """)
+    assert run_isolated(script, ["--one", "mtsa:8"], "mtsa at L=8") == {"args": ["--one", "mtsa:8"], "peak_mb": 1.5}
+    assert run_isolated(str(script), [], "x") == {"args": [], "peak_mb": 1.5}
+
+
+def test_a_failing_child_raises_with_the_cell_and_the_end_of_its_stderr(tmp_path):
+    script = child(tmp_path, """
+        import sys
+        print('{"peak_mb": 1.0}')
+        sys.stderr.write("early noise\\n" * 1000 + "MemoryError: the real cause\\n")
+        sys.exit(3)
+    """)
+    with pytest.raises(CellFailed) as error:
+        run_isolated(script, [], "mtsa at L=4096")
+    message = str(error.value)
+    assert message.startswith("mtsa at L=4096 failed (exit status 3)")
+    assert message.endswith("MemoryError: the real cause\n") and len(message) < 2200
+
+
+@pytest.mark.parametrize("output", ["", "done\\n"])
+def test_a_child_without_a_json_result_raises(tmp_path, output):
+    script = child(tmp_path, f'print("{output}", end="")')
+    with pytest.raises(CellFailed, match="naive at L=16 printed no JSON result"):
+        run_isolated(script, [], "naive at L=16")
+
+
+@pytest.mark.skipif(not can_measure("cpu"), reason="needs a writable /proc/self/clear_refs (Linux)")
+def test_peak_growth_on_cpu_sees_the_step_not_earlier_peaks():
+    held = torch.ones(2**20)  # 4 MiB present before the step: not growth
+    big = torch.ones(50 * 2**18)  # 50 MiB ...
+    del big  # ... freed again: an earlier peak, above the coming step's starting point
+
+    def step():
+        torch.ones(50 * 2**18).sum()  # ~50 MiB, written (and so resident), then freed
+
+    assert 45 < peak_growth_mb(step, "cpu") < 70
+    assert peak_growth_mb(lambda: None, "cpu") < 5
+    assert held.sum() == 2**20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_peak_growth_on_cuda_counts_the_allocator_peak():
+    def step():
+        torch.ones(50 * 2**18, device="cuda").sum()
+
+    assert 49 < peak_growth_mb(step, "cuda") < 55

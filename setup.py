@@ -11,6 +11,12 @@ from setuptools import find_packages, setup
 requirements = [
     "torch>=2.6", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses", "scipy", "matplotlib", "pyyaml",
 ]
+# mtsa-<name with dashes>: mtsa_fairseq/experiments/commands/<name>.py (scripts/<name>.py runs the same from a clone)
+COMMANDS = [
+    "prepare_data", "train_seeds", "average_checkpoints", "score", "significance", "pipeline", "make_toy_corpus",
+    "multi30k_study", "prepare_sentence_data", "sentence_experiment", "evaluate_sentence", "bench_core",
+    "bench_encoders", "bench_transformer",
+]
 if os.environ.get("MTSA_FAIRSEQ_OWN_FAIRSEQ") != "1":
     requirements.append("fairseq-fixed==0.12.3.1")
 
@@ -25,4 +31,7 @@ setup(
     packages=find_packages(include=["mtsa_fairseq", "mtsa_fairseq.*"]),
     install_requires=requirements,
     extras_require={"test": ["pytest>=8", "ruff>=0.6"], "triton": ["triton>=3.0,<4; platform_system == 'Linux'"]},
+    entry_points={"console_scripts": [
+        f"mtsa-{name.replace('_', '-')} = mtsa_fairseq.experiments.commands.{name}:main" for name in COMMANDS
+    ]},
 )

@@ -2,8 +2,9 @@
 YAML reader.
 
 ``manifest.json`` (``scripts/prepare_data.py``; ``scripts/prepare_sentence_data.py`` writes its own layout),
-``run.json`` (``scripts/train_seeds.py``) and result files
-(``scripts/score.py``) each carry a ``schema`` key naming their layout and version.
+``run.json`` (of every training run: ``mtsa-train-seeds`` and ``mtsa-sentence-experiment``) and result files
+(``mtsa-score``; ``mtsa-evaluate-sentence`` for sentence tasks) each carry a ``schema`` key naming their layout and
+version.
 
 Text files (corpora, references, hypotheses) are read line by line with :func:`iter_lines` at every stage, so
 that data preparation, scoring and significance tests see the same lines: UTF-8 (a file that is not is refused,
@@ -24,6 +25,7 @@ import yaml
 MANIFEST_SCHEMA = "mtsa-fairseq.data.v1"
 RUN_SCHEMA = "mtsa-fairseq.run.v1"
 RESULT_SCHEMA = "mtsa-fairseq.result.v1"
+SENTENCE_RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 
 

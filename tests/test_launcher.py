@@ -15,9 +15,9 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from process_helpers import trainer_list_is, trainers_on, wait_for
 
+from mtsa_fairseq.experiments.runs import mean_train_wps, record_finish, record_start
 from mtsa_fairseq.experiments.translation.launch import execute
 from mtsa_fairseq.experiments.translation.plan import LaunchOptions, plan
-from mtsa_fairseq.experiments.translation.runs import mean_train_wps, record_finish, record_start
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 from mtsa_fairseq.experiments.translation.train_config import USER_DIR
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
@@ -248,7 +248,7 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
     inputs = interval_checkpoints(root / "seed1")[-2:]
     assert len(inputs) == 2 and updates_of(inputs[0]) < updates_of(inputs[1])
     out = tmp_path / "avg.pt"
-    average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "2", "--output", str(out))
+    average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "2", "--averaged", str(out))
     models = [checkpoint_utils.load_checkpoint_to_cpu(str(p))["model"] for p in inputs]
     averaged = torch.load(out, weights_only=True)
     assert averaged["optimizer_history"][-1]["num_updates"] == updates_of(inputs[1])  # the rest from the newest
@@ -256,12 +256,12 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
         assert value.dtype == models[0][key].dtype
         torch.testing.assert_close(value, ((models[0][key].double() + models[1][key].double()) / 2).float())
     with pytest.raises(SystemExit):
-        average_script("--inputs", *map(str, inputs), "--output", str(out))
-    assert "exists (pass --force" in capsys.readouterr().err
-    average_script("--inputs", *map(str, reversed(inputs)), "--output", str(out), "--force")
+        average_script("--inputs", *map(str, inputs), "--averaged", str(out))
+    assert "exists (pass --overwrite" in capsys.readouterr().err
+    average_script("--inputs", *map(str, reversed(inputs)), "--averaged", str(out), "--overwrite")
     torch.testing.assert_close(torch.load(out, weights_only=True)["model"], averaged["model"])
     with pytest.raises(SystemExit, match="fewer than the 9 to average"):
-        average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "9", "--output",
+        average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "9", "--averaged",
                        str(tmp_path / "nine.pt"))
     assert not (tmp_path / "nine.pt").exists()
     gen = tool("fairseq-generate", str(corpus / "prepared/bin"), "--user-dir", USER_DIR, "--path", str(out), "--cpu",

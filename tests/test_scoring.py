@@ -152,7 +152,7 @@ def test_score_explicit_data_bin(trained, tmp_path):
     root = trained
     out = tmp_path / "res" / "toy.json"
     proc = score("--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--data-bin", str(root / "bin"),
-                 "--gen-subset", "test", "--reference", str(root / "raw/test.de"), "--out", str(out), "--cpu",
+                 "--gen-subset", "test", "--reference", str(root / "raw/test.de"), "--result", str(out), "--cpu",
                  "--batch-size", "7", "--system", "mtsa")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "signature: nrefs:1|case:mixed|eff:no|tok:13a" in proc.stdout
@@ -196,7 +196,7 @@ def test_score_prepared_dir_and_run_dir(trained, tmp_path):
         "checkpoint": str(root / "ckpt/checkpoint_last.pt"),
     }))
     out = tmp_path / "toy2014.json"
-    proc = score("--run-dir", str(run_dir), "--data", str(data), "--test", "toy2014", "--out", str(out), "--cpu")
+    proc = score("--run-dir", str(run_dir), "--data", str(data), "--test", "toy2014", "--result", str(out), "--cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert (result["system"], result["setup"], result["seed"], result["test_set"]) == ("mtsa", "setup1", 3, "toy2014")
@@ -219,7 +219,7 @@ def test_stray_carriage_return_in_a_reference_line(trained, tmp_path):
     }))
     out = tmp_path / "toy.json"
     proc = score("--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--data", str(data), "--test", "toy",
-                 "--out", str(out), "--cpu")
+                 "--result", str(out), "--cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["num_sentences"] == 20
@@ -231,8 +231,8 @@ def test_stray_carriage_return_in_a_reference_line(trained, tmp_path):
 def test_missing_checkpoint_is_an_error(trained, tmp_path):
     out = tmp_path / "r.json"
     proc = score("--checkpoint", str(tmp_path / "nope.pt"), "--data-bin", str(trained / "bin"), "--reference",
-                 str(trained / "raw/test.de"), "--out", str(out))
-    assert proc.returncode != 0
+                 str(trained / "raw/test.de"), "--result", str(out))
+    assert proc.returncode == 1
     assert f"checkpoint not found: {tmp_path / 'nope.pt'}" in proc.stderr
     assert not any(tmp_path.iterdir())
 
@@ -244,7 +244,7 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
     root = trained
     out = tmp_path / "r.json"
     reference = root / "raw/test.de"
-    args = ["--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--out", str(out)]
+    args = ["--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--result", str(out)]
     if case == "exists":
         out.write_text("{}")
         message = "exists (pass --overwrite to replace it)"
@@ -271,8 +271,12 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
     with pytest.raises(SystemExit) as exc:
         runpy.run_path(str(SCRIPT), run_name="__main__")
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    if case == "exists":  # an option error: usage, exit status 2
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
+    else:  # an error in the inputs: one line, exit status 1
+        assert isinstance(exc.value.code, str) and exc.value.code.startswith("error: ")
+        assert message in exc.value.code
     assert sorted(tmp_path.iterdir()) == before
     if case == "exists":
         assert out.read_text() == "{}"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from process_helpers import trainers_on, wait_for
 
+from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, load_task_config
 from mtsa_fairseq.experiments.translation.train_config import options_to_args, parse_fairseq_train
 
@@ -53,7 +54,7 @@ def train(data: Path, save: Path, arch: str, *extra: str, updates: int = 20, val
 
 
 def evaluate(checkpoint: Path, out: Path, *extra: str) -> dict:
-    run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint", str(checkpoint), "--out",
+    run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint", str(checkpoint), "--result",
         str(out), *extra)
     return json.loads(out.read_text())
 
@@ -180,8 +181,8 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
         "  criterion: sentence_encoding\n  optimizer: adam\n  lr: 0.005\n  batch-size: 16\n  max-update: 10\n"
         "  validate-interval-updates: 5\n  save-interval-updates: 5\n  best-checkpoint-metric: accuracy\n"
         "  maximize-best-checkpoint-metric: true\n  embed-dim: 16\n  encoder-hidden-dim: 8\n"
-        "  classifier-hidden-dim: 8\n  num-workers: 0\n  log-format: simple\n  no-epoch-checkpoints: true\n"
-        "arch_overrides:\n  multi_cnn_encoder: {encoder-hidden-dim: 4}\n")
+        "  classifier-hidden-dim: 8\n  num-workers: 0\n  log-format: simple\n  log-interval: 5\n"
+        "  no-epoch-checkpoints: true\narch_overrides:\n  multi_cnn_encoder: {encoder-hidden-dim: 4}\n")
     cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
            str(trec_data), "--archs", "mtsa_encoder", "multi_cnn_encoder", "--seeds", "1", "2", "--out",
            str(tmp_path / "exp"), "--cpu"]
@@ -199,6 +200,11 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
     assert all([u for u, _ in r["dev_curve"]] == [5, 10] and r["split"] == "test" for r in report["runs"])
     assert (tmp_path / "exp" / "dev-curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert first.stdout.count("training ->") == 4
+    for arch in ("mtsa_encoder", "multi_cnn_encoder"):  # run records as the translation launcher writes them
+        record = read_run(tmp_path / "exp" / "runs" / arch / "seed2", AssertionError)
+        assert (record["status"], record["num_updates"], record["max_update"], record["seed"]) == ("done", 10, 10, 2)
+        assert record["arch"] == arch and record["wall_seconds"] > 0 and record["peak_rss_mb"] > 0
+        assert record["train_target_tokens_per_second"] > 0 and record["checkpoint"].endswith("checkpoint_best.pt")
     second = run(*cmd)  # finished runs are skipped
     assert "training ->" not in second.stdout
     longer = run(*cmd[:-1], "--archs", "multi_cnn_encoder", "--seeds", "1", "--max-update", "15", "--cpu")

@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Average the model parameters of fairseq checkpoints into one checkpoint (loadable by fairseq-generate).
 
 Floating-point parameters are averaged in float64 and cast back; everything else comes from the newest
 checkpoint (most updates).
 
-  scripts/average_checkpoints.py --inputs runs/setup1_mtsa/seed1 --num-update-checkpoints 5 --output avg.pt
-  scripts/average_checkpoints.py --inputs a.pt b.pt --output avg.pt
+  scripts/average_checkpoints.py --inputs runs/setup1_mtsa/seed1 --num-update-checkpoints 5 --averaged avg.pt
+  scripts/average_checkpoints.py --inputs a.pt b.pt --averaged avg.pt
 """
 
 import argparse
@@ -29,8 +28,8 @@ def main() -> None:
                       help="average the last N checkpoint_<epoch>_<update>.pt files of the directory")
     last.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
                       help="average the last N checkpoint<epoch>.pt files of the directory")
-    parser.add_argument("--output", type=Path, required=True, help="averaged checkpoint to write")
-    parser.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    parser.add_argument("--averaged", type=Path, required=True, help="averaged checkpoint to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace --averaged if it exists")
     args = parser.parse_args()
 
     count = args.num_update_checkpoints if args.num_update_checkpoints is not None else args.num_epoch_checkpoints
@@ -43,8 +42,8 @@ def main() -> None:
         missing = [str(p) for p in args.inputs if not p.is_file()]
         if missing:
             parser.error(f"--inputs: {missing[0]} is not a file (for a directory give --num-update-checkpoints N)")
-    if args.output.exists() and not args.force:
-        parser.error(f"--output {args.output} exists (pass --force to overwrite)")
+    if args.averaged.exists() and not args.overwrite:
+        parser.error(f"--averaged {args.averaged} exists (pass --overwrite to replace it)")
     try:
         if args.num_update_checkpoints is not None:
             paths = last_checkpoints(args.inputs[0], count, kind="update")
@@ -52,13 +51,13 @@ def main() -> None:
             paths = last_checkpoints(args.inputs[0], count, kind="epoch")
         else:
             paths = args.inputs
-        if any(p.resolve() == args.output.resolve() for p in paths):
-            parser.error(f"--output {args.output} is one of the inputs")
+        if any(p.resolve() == args.averaged.resolve() for p in paths):
+            parser.error(f"--averaged {args.averaged} is one of the inputs")
         state = average_checkpoints(paths)
     except AverageError as err:
         sys.exit(f"error: {err}")
-    save_checkpoint(state, args.output)
-    print(f"averaged {len(paths)} checkpoint(s): {', '.join(str(p) for p in paths)} -> {args.output}")
+    save_checkpoint(state, args.averaged)
+    print(f"averaged {len(paths)} checkpoint(s): {', '.join(str(p) for p in paths)} -> {args.averaged}")
 
 
 if __name__ == "__main__":

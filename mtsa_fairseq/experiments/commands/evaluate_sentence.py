@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Evaluate a sentence-encoder checkpoint (fairseq-train --task sentence_encoding) on one split.
 
-  python scripts/evaluate_sentence.py --checkpoint runs/sst5/checkpoint_best.pt --split test --out sst5-test.json
+  python scripts/evaluate_sentence.py --checkpoint runs/sst5/checkpoint_best.pt --split test --result sst5-test.json
 
 Prints accuracy (classification) or Pearson r, Spearman rho and MSE (SICK) and writes a JSON result with the
 per-example predictions. For cross-validation data the checkpoint's --cv-fold is evaluated (the held-out fold).
@@ -14,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate  # noqa: E402
+from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate
 
 
 def main() -> None:
@@ -26,22 +25,23 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="prepared data directory (default: the checkpoint's)")
     parser.add_argument("--cv-fold", type=int, help="held-out fold (default: the checkpoint's)")
     parser.add_argument("--batch-size", type=int, default=128, help="sentences per batch (default: 128)")
-    parser.add_argument("--cuda", action="store_true", help="evaluate on the GPU")
-    parser.add_argument("--out", type=Path, help="write the result JSON here")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--cpu", action="store_true", help="evaluate on the CPU (default: the GPU when there is one)")
+    parser.add_argument("--result", type=Path, help="write the result JSON here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --result")
     args = parser.parse_args()
-    if args.out and args.out.exists() and not args.overwrite:
-        parser.error(f"{args.out} exists (pass --overwrite to replace it)")
+    if args.result and args.result.exists() and not args.overwrite:
+        parser.error(f"{args.result} exists (pass --overwrite to replace it)")
     try:
-        result = evaluate(args.checkpoint, args.split, args.data, args.cv_fold, args.batch_size, args.cuda)
+        use_cuda = not args.cpu and torch.cuda.is_available()
+        result = evaluate(args.checkpoint, args.split, args.data, args.cv_fold, args.batch_size, use_cuda)
     except (EvaluationError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     shown = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
     print(f"{result['dataset']} {result['split']} ({result['num_examples']} examples, {result['arch']}, "
           f"{result['num_updates']} updates): {shown}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.result:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        args.result.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Write the synthetic reordering/agreement parallel corpus (mtsa_fairseq/experiments/translation/toy_corpus.py)."""
 
 import argparse

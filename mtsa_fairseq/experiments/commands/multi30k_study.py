@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The Multi30k study (docs/results-multi30k.md), end to end and resumable.
 
 Multi30k task 1 En-De (train 29,000 / val 1,014 / test_2016_flickr / test_2017_flickr) -> the project's data
@@ -21,10 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
 
-from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]  # the repository (configs/, scripts/)
 
 CONFIGS = {"baseline": ROOT / "configs/multi30k_transformer.yaml", "system": ROOT / "configs/multi30k_mtsa.yaml"}
 TESTS = ("test_2016_flickr", "test_2017_flickr")

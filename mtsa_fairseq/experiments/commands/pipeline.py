@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """The whole experiment in one command: data -> N seeds of a baseline and an MTSA config -> BLEU -> t-test.
 
 Without data options it runs the embedded demo: the synthetic reordering/agreement corpus
@@ -10,7 +9,7 @@ thing, e.g. Setup 1:
       --train europarl.en europarl.de --train commoncrawl.en commoncrawl.de --train nc-v9.en nc-v9.de \\
       --valid newstest2013.en newstest2013.de --test newstest2014 newstest2014-full.en newstest2014-full.de \\
       --baseline-config configs/setup1_transformer.yaml --system-config configs/setup1_mtsa.yaml \\
-      --seeds 1 2 3 4 5 6 --device gpu
+      --seeds 1 2 3 4 5 6
 
 Each step is a script of its own (prepare_data.py, train_seeds.py, score.py, significance.py), run as a
 subprocess; OUT keeps their outputs (data/, runs/, results/, report.*). Rerunning the same command reuses
@@ -38,7 +37,7 @@ from mtsa_fairseq.experiments.processes import (
 )
 from mtsa_fairseq.experiments.translation.train_config import ConfigError, check_with_fairseq, load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository (configs/, scripts/)
 SCRIPTS = ROOT / "scripts"
 TOY_SIZES = {"train": 4000, "valid": 200, "test": 200}
 
@@ -112,7 +111,7 @@ def prepare(args: argparse.Namespace, data: Path) -> None:
 def train_seeds_args(args: argparse.Namespace, config: Path, data: Path) -> list[str]:
     cmd = ["--config", str(config), "--data", str(data), "--seeds", *map(str, args.seeds),
            "--save-root", str(args.out / "runs")]
-    if args.device == "cpu":
+    if args.cpu:
         cmd.append("--cpu")
     if args.threads:
         cmd += ["--threads", str(args.threads)]
@@ -151,15 +150,15 @@ def score(args: argparse.Namespace, data: Path) -> dict[str, list[Path]]:
                 if out.exists():
                     continue
                 out.parent.mkdir(parents=True, exist_ok=True)
-                cmd = ["--run-dir", str(run_dir), "--data", str(data), "--test", test, "--out", str(out)]
-                cmd += (["--cpu"] if args.device == "cpu" else []) + shlex.split(args.score_args)
+                cmd = ["--run-dir", str(run_dir), "--data", str(data), "--test", test, "--result", str(out)]
+                cmd += (["--cpu"] if args.cpu else []) + shlex.split(args.score_args)
                 run_script("score.py", *cmd, log_file=args.out / "score.log", threads=args.threads)
                 bleu = json.loads(out.read_text())["bleu"]
                 log(f"  {config.stem} seed {seed} {test}: sacreBLEU {bleu['sacrebleu']:.2f}")
     return results
 
 
-def main() -> None:
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "demo-output", help="output directory")
     parser.add_argument("--source-lang", default="en", help="source language suffix (default: en)")
@@ -180,7 +179,7 @@ def main() -> None:
     parser.add_argument("--names", nargs=2, default=["Transformer", "MTSA"], metavar=("BASELINE", "SYSTEM"),
                         help="display names in the report")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per system (at least 2)")
-    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="train and translate on CPU or GPUs")
+    parser.add_argument("--cpu", action="store_true", help="train and translate on CPU (default: GPUs)")
     parser.add_argument("--threads", type=int, help="CPU threads per training/translation process")
     parser.add_argument("--parallel", action="store_true",
                         help="train the baseline's and the system's seeds at the same time (two processes)")
@@ -243,5 +242,10 @@ def run_pipeline(args: argparse.Namespace, start: float) -> None:
     log(f"done in {time.time() - start:.0f} s: {args.out / 'report.md'}, {args.out / 'report.png'}")
 
 
+def main() -> None:
+    """The command: SIGTERM and Ctrl-C stop it after its children, with one line (exit 143 / 130)."""
+    run_command(_main)
+
+
 if __name__ == "__main__":
-    run_command(main)
+    main()

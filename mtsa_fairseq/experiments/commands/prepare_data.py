@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Prepare a raw parallel corpus for fairseq: normalise, train a joint sentencepiece model, encode, and
 binarise with fairseq-preprocess --joined-dictionary into OUT (manifest.json, bin/, spm.model, raw/).
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Prepare a sentence-encoder data set (SST-5/SST-2, TREC, CR, MPQA, SUBJ, SICK, SNLI, MultiNLI) for fairseq:
 tokenise, build the word dictionary and binarise into OUT (manifest.json, dict.txt, {split}.input0/.input1 .bin/.idx,
 {split}.label, and train.fold for the cross-validation sets CR, MPQA, SUBJ).

@@ -1,7 +1,7 @@
-#!/usr/bin/env python
 """Translate one test set with one checkpoint (fairseq-generate) and write its BLEU result file.
 
-Writes OUT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<OUT stem>.hyp.txt).
+Writes RESULT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<RESULT stem>.hyp.txt).
+Option errors exit with status 2, errors in the inputs (run record, checkpoint, data, references) with 1.
 BLEU values: sacreBLEU (detokenised, with its signature), tokenised compound-split BLEU (Vaswani et al.)
 and t2t-bleu's case-sensitive international-tokenisation BLEU; see mtsa_fairseq/experiments/translation/scoring.py.
 """
@@ -13,9 +13,15 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.translation import scoring
+
+
+def fail(message: str) -> NoReturn:
+    """A runtime error (the inputs, not the options): one line, exit status 1."""
+    sys.exit(f"error: {message}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--source-lang", help="with --data-bin: source language (default: the checkpoint's)")
     data.add_argument("--target-lang", help="with --data-bin: target language, also used by the Moses tokeniser "
                                             "(default: the checkpoint's)")
-    parser.add_argument("--out", type=Path, required=True, help="result file to write (JSON)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT and its hypotheses file if they exist")
+    parser.add_argument("--result", type=Path, required=True, help="result file to write (JSON)")
+    parser.add_argument("--overwrite", action="store_true", help="replace RESULT and its hypotheses file if they exist")
     parser.add_argument("--system", help="system name in the result (default: run.json's, else the arch)")
     parser.add_argument("--setup", help="setup name in the result (default: run.json's, else none)")
     parser.add_argument("--seed", type=int, help="seed in the result (default: run.json's, else the checkpoint's)")
@@ -61,9 +67,9 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         if args.run_dir is not None:
             run = read_run(args.run_dir, scoring.ScoringError)
             if run.get("status") != "done":
-                parser.error(f"run {args.run_dir} has status {run.get('status')!r}, not 'done'")
+                fail(f"run {args.run_dir} has status {run.get('status')!r}, not 'done'")
             if not run.get("checkpoint"):
-                parser.error(f"{args.run_dir / 'run.json'} names no checkpoint")
+                fail(f"{args.run_dir / 'run.json'} names no checkpoint")
             checkpoint = Path(run["checkpoint"])
             checkpoint = checkpoint if checkpoint.is_absolute() else args.run_dir / checkpoint
         else:
@@ -71,9 +77,9 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             has_run = (checkpoint.parent / "run.json").is_file()
             run = read_run(checkpoint.parent, scoring.ScoringError) if has_run else None
     except scoring.ScoringError as exc:
-        parser.error(str(exc))
+        fail(str(exc))
     if not checkpoint.is_file():
-        parser.error(f"checkpoint not found: {checkpoint}")
+        fail(f"checkpoint not found: {checkpoint}")
     return checkpoint, run
 
 
@@ -97,11 +103,11 @@ def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
                                            args.source_lang, args.target_lang, None)
             name = args.test or args.gen_subset
     except scoring.ScoringError as exc:
-        parser.error(str(exc))
+        fail(str(exc))
     if not inputs.data_bin.is_dir():
-        parser.error(f"data-bin directory not found: {inputs.data_bin}")
+        fail(f"data-bin directory not found: {inputs.data_bin}")
     if inputs.spm_model is not None and not inputs.spm_model.is_file():
-        parser.error(f"sentencepiece model not found: {inputs.spm_model}")
+        fail(f"sentencepiece model not found: {inputs.spm_model}")
     return inputs, name
 
 
@@ -123,16 +129,16 @@ def main() -> None:
     try:
         references = scoring.read_references(inputs.reference, inputs.lines)
     except scoring.ScoringError as exc:
-        parser.error(str(exc))
-    hyp_path = args.out.with_name(args.out.stem + ".hyp.txt")
-    for path in (args.out, hyp_path):
+        fail(str(exc))
+    hyp_path = args.result.with_name(args.result.stem + ".hyp.txt")
+    for path in (args.result, hyp_path):
         if path.exists() and not args.overwrite:
             parser.error(f"{path} exists (pass --overwrite to replace it)")
 
     try:
         info = scoring.checkpoint_info(checkpoint, inputs.data_bin)
     except Exception as exc:  # fairseq raises many kinds for unloadable checkpoints
-        raise SystemExit(f"error: cannot load checkpoint {checkpoint}: {type(exc).__name__}: {exc}") from exc
+        fail(f"cannot load checkpoint {checkpoint}: {type(exc).__name__}: {exc}")
     source_lang = inputs.source_lang or info.source_lang
     target_lang = inputs.target_lang or info.target_lang
     if not target_lang:
@@ -147,7 +153,7 @@ def main() -> None:
         output = scoring.run_generate(cmd)
         hypotheses = scoring.ordered_hypotheses(scoring.parse_generate_output(output), len(references), inputs.subset)
     except (RuntimeError, scoring.ScoringError) as exc:
-        raise SystemExit(f"error: {exc}") from exc
+        fail(str(exc))
     hypotheses = scoring.detokenize(hypotheses, inputs.spm_model)
     bleu = scoring.bleu_scores(hypotheses, references, target_lang)
 
@@ -161,15 +167,15 @@ def main() -> None:
         hypotheses=hyp_path, references=inputs.reference, num_sentences=len(references), bleu=bleu,
         generation=generation,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.result.parent.mkdir(parents=True, exist_ok=True)
     scoring.write_lines(hyp_path, hypotheses)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    args.result.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"{test_name} ({len(references)} sentences), {result['system']} seed {result['seed']}, "
           f"{info.num_params:,} parameters")
     print(f"sacreBLEU {bleu['sacrebleu']:.2f}  signature: {bleu['signature']}")
     print(f"tokenized compound-split BLEU {bleu['tokenized_compound_split']:.2f}")
     print(f"t2t intl BLEU (cased) {bleu['t2t_intl']:.2f}")
-    print(f"wrote {args.out} and {hyp_path}")
+    print(f"wrote {args.result} and {hyp_path}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Train and evaluate sentence encoders on one task: architectures x seeds (x folds), then mean ± sd and
 Welch's t-test of the reference architecture (default: the first) against each other one.
 
@@ -20,10 +19,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mtsa_fairseq.experiments.processes import run_command, stop_children  # noqa: E402
-from mtsa_fairseq.experiments.sentence.experiment import (  # noqa: E402
+from mtsa_fairseq.experiments.processes import run_command, stop_children
+from mtsa_fairseq.experiments.sentence.experiment import (
     ExperimentError,
     check_options,
     load_task_config,
@@ -33,10 +30,10 @@ from mtsa_fairseq.experiments.sentence.experiment import (  # noqa: E402
     run_one,
     summarize,
 )
-from mtsa_fairseq.tasks.sentence_encoding import read_manifest  # noqa: E402
+from mtsa_fairseq.tasks.sentence_encoding import read_manifest
 
 
-def main() -> None:
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True, help="task config (configs/sentence/<task>.yaml)")
     parser.add_argument("--data", type=Path, required=True, help="directory from scripts/prepare_sentence_data.py")
@@ -121,5 +118,10 @@ def main() -> None:
     print(report_markdown(summary))
 
 
+def main() -> None:
+    """The command: SIGTERM and Ctrl-C stop it after its children, with one line (exit 143 / 130)."""
+    run_command(_main)
+
+
 if __name__ == "__main__":
-    run_command(main)
+    main()

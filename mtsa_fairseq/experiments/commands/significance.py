@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Compare two systems' BLEU over training runs, as in the MTSA paper's Table 6.
 
 Reads result files of scripts/score.py, groups them by setup and test set, runs a t-test over runs

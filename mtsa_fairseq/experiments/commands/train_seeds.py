@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Train several seeds of one training config (configs/*.yaml) with fairseq-train, resumably.
 
 Each seed trains in SAVE_ROOT/<config name>/seed<k>/ (checkpoints, train.log, run.json). Running the same
@@ -13,9 +12,9 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.runs import record_finish, record_start
 from mtsa_fairseq.experiments.translation.launch import execute
 from mtsa_fairseq.experiments.translation.plan import LAUNCHERS, LaunchOptions, plan
-from mtsa_fairseq.experiments.translation.runs import record_finish, record_start
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
@@ -54,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
+def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     try:
@@ -86,5 +85,10 @@ def main() -> None:
         sys.exit(f"error: {failed} run(s) did not finish (see their run.json and train.log)")
 
 
+def main() -> None:
+    """The command: SIGTERM and Ctrl-C stop it after its children, with one line (exit 143 / 130)."""
+    run_command(_main)
+
+
 if __name__ == "__main__":
-    run_command(main)
+    main()

@@ -14,9 +14,8 @@ import numpy as np
 import torch
 from scipy import stats
 
+from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA
 from mtsa_fairseq.criterions.sentence_encoding import expected_score
-
-RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 
 
 class EvaluationError(ValueError):
@@ -75,7 +74,7 @@ def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | Non
         metrics = {"accuracy": 100.0 * float(np.mean(np.asarray(predictions) == np.asarray(gold)))}
     params = sum(p.numel() for p in model.parameters())
     return {
-        "schema": RESULT_SCHEMA,
+        "schema": SENTENCE_RESULT_SCHEMA,
         "checkpoint": str(Path(checkpoint).resolve()),
         "data": str(Path(task.args.data).resolve()),
         "dataset": task.manifest.get("dataset"),

@@ -10,7 +10,8 @@ options, with optional per-architecture overrides::
     fairseq: {task: sentence_encoding, criterion: sentence_encoding, optimizer: adadelta, ...}
     arch_overrides: {disan_encoder: {batch-size: 64}}
 
-Each run is ``fairseq-train`` in ``OUT/runs/<arch>/seed<k>[/fold<f>]`` followed by an evaluation of its
+Each run is ``fairseq-train`` in ``OUT/runs/<arch>/seed<k>[/fold<f>]`` (with its ``run.json``, the translation
+launcher's run record: status, command, time, updates, throughput, peak memory) followed by an evaluation of its
 ``checkpoint_best.pt`` (selected on dev; for cross-validation on the held-out fold, the papers' protocol)
 into ``OUT/results/<arch>_seed<k>[_fold<f>].json``. Finished runs (result file present) are skipped and
 interrupted ones resume from ``checkpoint_last.pt``. The report gives each architecture's mean and standard
@@ -31,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import load_yaml
+from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, load_yaml, read_json
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
+from mtsa_fairseq.experiments.runs import checkpoint_updates, finish_run, mean_train_wps, previous_run, write_run
 from mtsa_fairseq.experiments.significance import SignificanceError, t_test
 from mtsa_fairseq.experiments.translation.plan import find_executable
-from mtsa_fairseq.experiments.translation.runs import checkpoint_updates, mean_train_wps
 from mtsa_fairseq.experiments.translation.train_config import (
     USER_DIR,
     ConfigError,
@@ -170,14 +171,36 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _execute(command: list[str], log_path: Path, threads: int | None, lock: RunLock,
-             progress: UpdateProgress) -> tuple[int, float]:
+def _execute(command: list[str], run_dir: Path, record: dict[str, Any], threads: int | None, lock: RunLock,
+             progress: UpdateProgress) -> dict[str, Any]:
+    """Train with ``run.json`` kept as the translation launcher keeps it (running, then done, failed or
+    interrupted, with time, updates, throughput and peak memory); returns the finished record."""
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
-    start = time.time()
+    log_path = run_dir / "train.log"
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(command)}\n")
-    code, _, _ = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
-    return code, time.time() - start
+    write_run(run_dir, record)
+    start = time.monotonic()
+    try:
+        code, peak_mb, _ = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
+    except BaseException:
+        write_run(run_dir, {**record, "status": "interrupted",
+                            "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
+        raise
+    return finish_run(run_dir, code, time.monotonic() - start, round(peak_mb, 1), log=lambda _: None)
+
+
+def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
+                done: int, previous: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records)."""
+    return {
+        "schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
+        "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
+        "data": str(data), "checkpoint": str(run_dir / "checkpoint_best.pt"), "num_updates": done,
+        "resumed_from_updates": done, "wall_seconds": previous.get("wall_seconds", 0.0),
+        "train_target_tokens_per_second": None, "peak_rss_mb": previous.get("peak_rss_mb"), "max_update": budget,
+        "average_last": 0, "launcher": "local", "world_size": 1,
+    }
 
 
 def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
@@ -202,7 +225,7 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
     result_path = run.result_path(out)
     budget = max_update if max_update is not None else config.options(run.arch)["max-update"]
     if result_path.is_file():
-        previous = json.loads(result_path.read_text(encoding="utf-8"))
+        previous = read_json(result_path, SENTENCE_RESULT_SCHEMA, "result file", ExperimentError)
         if previous.get("max_update") == budget:
             return previous
         if not isinstance(previous.get("max_update"), int) or previous["max_update"] > budget:
@@ -217,10 +240,10 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
         raise ExperimentError(str(exc)) from exc
     log(f"[experiment] {run.key}: training -> {run_dir}")
     done = checkpoint_updates(run_dir / "checkpoint_last.pt") or 0
-    code, seconds = _execute(command, run_dir / "train.log", threads, lock, UpdateProgress(run.key, budget, done,
-                                                                                           write=log))
-    if code != 0:
-        raise ExperimentError(f"{run.key}: fairseq-train failed with exit code {code} (see {run_dir / 'train.log'})")
+    record = _run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {})
+    finished = _execute(command, run_dir, record, threads, lock, UpdateProgress(run.key, budget, done, write=log))
+    if finished["status"] != "done":
+        raise ExperimentError(f"{run.key}: {finished['error']}")
     best = run_dir / "checkpoint_best.pt"
     if not best.is_file():
         raise ExperimentError(f"{run.key}: no {best} (did validation run? check validate-interval-updates)")
@@ -230,7 +253,7 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
     wps = mean_train_wps(log_text)
     result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget,
                   dev_curve=dev_curve(log_text, config.metric),
-                  train_seconds_this_session=round(seconds, 1),
+                  train_seconds=finished["wall_seconds"],
                   train_words_per_second=None if wps is None else round(wps, 1))
     result_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = result_path.with_suffix(".tmp")

@@ -465,44 +465,13 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
         work = tmp / "work"
         (tmp / "raw").mkdir()
         work.mkdir()
-
-        def w(split: str, lang: str) -> Path:
-            return work / f"{split}.{lang}"
-
-        log(f"[prepare] normalising {counts['train']:,} training pairs ({cfg.normalization})")
-        norm_train = (w("train.norm", src_lang), w("train.norm", tgt_lang))
-        norm_valid = (w("valid.norm", src_lang), w("valid.norm", tgt_lang))
-        stats, held_out = normalize_train(cfg.train, cfg.normalization, norm_train, cfg.valid_every,
-                                          norm_valid if cfg.valid_every else None, log)
-        if cfg.valid is not None:
-            for path, dst in zip((cfg.valid.src, cfg.valid.tgt), norm_valid):
-                normalize_file(path, dst, cfg.normalization)
-        else:
-            log(f"[prepare] held out every {cfg.valid_every}th training pair as valid: {held_out:,} pairs")
-        for k, t in enumerate(cfg.tests):
-            for path, lang in ((t.src, src_lang), (t.tgt, tgt_lang)):
-                copy_decompressed(path, tmp / "raw" / f"{t.name}.{lang}")
-                normalize_file(path, w(f"test{k}.norm", lang), cfg.normalization)
-        if stats.kept == 0:
-            raise DataError(f"no training pairs left: all {stats.lines} have an empty side after normalisation")
-
+        stats = _normalize_splits(cfg, tmp, counts, log)
         log(f"[prepare] training a joint sentencepiece {cfg.model_type} model, vocabulary {cfg.vocab_size:,}, "
             f"on {stats.kept:,} pairs")
+        norm_train = (work / f"train.norm.{src_lang}", work / f"train.norm.{tgt_lang}")
         sp = train_sentencepiece(list(norm_train), tmp / "spm", cfg.vocab_size, cfg.model_type,
                                  cfg.character_coverage, cfg.spm_input_sentence_size, cfg.workers, cfg.seed)
-        encoder = PieceEncoder(sp, cfg.workers)
-
-        log("[prepare] encoding to pieces and filtering training pairs")
-        encode_train(encoder, norm_train, (w("train", src_lang), w("train", tgt_lang)), stats, cfg.max_tokens,
-                     cfg.max_ratio, log)
-        if stats.kept == 0:
-            raise DataError(f"no training pairs left after the length filters (--max-tokens-per-sentence "
-                            f"{cfg.max_tokens}, --max-length-ratio {cfg.max_ratio})")
-        splits = [("valid", "valid.norm")] + [(f"test{k}", f"test{k}.norm") for k in range(len(cfg.tests))]
-        for split, norm in splits:
-            for lang in (src_lang, tgt_lang):
-                encode_file(encoder, w(norm, lang), w(split, lang))
-
+        _encode_splits(cfg, work, PieceEncoder(sp, cfg.workers), stats, log)
         log(f"[prepare] fairseq-preprocess --joined-dictionary --workers {cfg.workers}")
         binarize(tmp, src_lang, tgt_lang, len(cfg.tests), cfg.workers)
         expected = {"train": stats.kept, "valid": counts["valid"]}
@@ -511,14 +480,58 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
             sizes = binarized_sizes(tmp / "bin", subset, src_lang, tgt_lang)
             if sizes != (n, n):
                 raise DataError(f"fairseq-preprocess wrote {sizes} sentences for {subset}, expected {n}")
-
         manifest = build_manifest(cfg, sp.get_piece_size(), stats, counts["valid"],
                                   {t.name: counts[t.name] for t in cfg.tests})
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         shutil.rmtree(work)
         os.chmod(tmp, 0o777 & ~current_umask())
         move_into_place(tmp, out)
+    _log_summary(cfg, out, stats, counts, manifest, log)
+    return manifest
 
+
+def _normalize_splits(cfg: PrepareConfig, tmp: Path, counts: dict[str, int], log: Callable[[str], None]) -> TrainStats:
+    """Normalised text of every split into ``tmp/work`` (``<split>.norm.<lang>``), the untouched test text into
+    ``tmp/raw``; returns the training statistics so far."""
+    src_lang, tgt_lang = cfg.source_lang, cfg.target_lang
+    work = tmp / "work"
+    log(f"[prepare] normalising {counts['train']:,} training pairs ({cfg.normalization})")
+    norm_train = (work / f"train.norm.{src_lang}", work / f"train.norm.{tgt_lang}")
+    norm_valid = (work / f"valid.norm.{src_lang}", work / f"valid.norm.{tgt_lang}")
+    stats, held_out = normalize_train(cfg.train, cfg.normalization, norm_train, cfg.valid_every,
+                                      norm_valid if cfg.valid_every else None, log)
+    if cfg.valid is not None:
+        for path, dst in zip((cfg.valid.src, cfg.valid.tgt), norm_valid):
+            normalize_file(path, dst, cfg.normalization)
+    else:
+        log(f"[prepare] held out every {cfg.valid_every}th training pair as valid: {held_out:,} pairs")
+    for k, t in enumerate(cfg.tests):
+        for path, lang in ((t.src, src_lang), (t.tgt, tgt_lang)):
+            copy_decompressed(path, tmp / "raw" / f"{t.name}.{lang}")
+            normalize_file(path, work / f"test{k}.norm.{lang}", cfg.normalization)
+    if stats.kept == 0:
+        raise DataError(f"no training pairs left: all {stats.lines} have an empty side after normalisation")
+    return stats
+
+
+def _encode_splits(cfg: PrepareConfig, work: Path, encoder: PieceEncoder, stats: TrainStats,
+                   log: Callable[[str], None]) -> None:
+    """Pieces for every split (``<split>.<lang>``); the training pairs are filtered by length here."""
+    src_lang, tgt_lang = cfg.source_lang, cfg.target_lang
+    log("[prepare] encoding to pieces and filtering training pairs")
+    encode_train(encoder, (work / f"train.norm.{src_lang}", work / f"train.norm.{tgt_lang}"),
+                 (work / f"train.{src_lang}", work / f"train.{tgt_lang}"), stats, cfg.max_tokens, cfg.max_ratio, log)
+    if stats.kept == 0:
+        raise DataError(f"no training pairs left after the length filters (--max-tokens-per-sentence "
+                        f"{cfg.max_tokens}, --max-length-ratio {cfg.max_ratio})")
+    splits = [("valid", "valid.norm")] + [(f"test{k}", f"test{k}.norm") for k in range(len(cfg.tests))]
+    for split, norm in splits:
+        for lang in (src_lang, tgt_lang):
+            encode_file(encoder, work / f"{norm}.{lang}", work / f"{split}.{lang}")
+
+
+def _log_summary(cfg: PrepareConfig, out: Path, stats: TrainStats, counts: dict[str, int], manifest: dict,
+                 log: Callable[[str], None]) -> None:
     log(f"[prepare] train: {stats.lines:,} lines, kept {stats.kept:,}, dropped {stats.lines - stats.kept:,} "
         f"(empty side {stats.dropped_empty:,}, too long {stats.dropped_too_long:,}, "
         f"length ratio {stats.dropped_ratio:,})")
@@ -526,9 +539,8 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     for k, t in enumerate(cfg.tests):
         log(f"[prepare] {subset_name(k)} ({t.name}): {counts[t.name]:,} lines, kept all")
     log(f"[prepare] vocabulary: {manifest['vocab_size']:,} sentencepiece pieces ({cfg.model_type}), "
-        f"fairseq dictionary {dictionary_size(out / 'bin', src_lang):,} entries")
+        f"fairseq dictionary {dictionary_size(out / 'bin', cfg.source_lang):,} entries")
     log(f"[prepare] wrote {out}")
-    return manifest
 
 
 def current_umask() -> int:

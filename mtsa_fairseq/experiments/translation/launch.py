@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
-from mtsa_fairseq.experiments.translation.plan import Plan, SeedRun
-from mtsa_fairseq.experiments.translation.runs import (
+from mtsa_fairseq.experiments.runs import (
     checkpoint_updates,
     finish_run,
     is_done,
     previous_run,
     write_run,
 )
+from mtsa_fairseq.experiments.translation.plan import Plan, SeedRun
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 

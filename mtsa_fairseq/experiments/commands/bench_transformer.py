@@ -1,0 +1,278 @@
+"""``transformer_mtsa_wmt_en_de`` vs ``transformer_wmt_en_de``, measured side by side in one run.
+
+1. Encoder: one forward+backward pass of the 6-layer encoder (training mode, dropout on) on a batch of
+   ``--batch`` sentences of length L with no padding. Time: median of ``--repeats`` passes after one
+   warm-up, the two models alternating pass by pass so that both see the same machine load. Peak
+   memory: each (model, L) runs in a fresh subprocess; on CPU it is the growth of the resident set's
+   high-water mark during one pass (reset through ``/proc/self/clear_refs`` once weights, inputs and
+   libraries are in place), on CUDA the growth of ``max_memory_allocated``.
+2. Training throughput: full models (encoder and decoder), label-smoothed cross-entropy and an Adam
+   step on the same synthetic batches (``--train-max-tokens`` per batch, sentence lengths drawn once
+   from a fixed distribution), alternating models step by step; target tokens per second.
+
+Writes a Markdown table (``--markdown``), the raw numbers (``--json``) and a plot (``--plot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
+
+
+def build_model(arch: str, vocab: int, device: str, dtype: str, kernel: str = "auto"):
+    """A fairseq translation task with a synthetic joined dictionary of ``vocab`` entries, and the
+    model of ``arch`` built through fairseq's own parser, arch defaults and task; its MTSA layers run
+    ``mtsa_core`` with ``kernel``."""
+    import torch
+    from fairseq import options, tasks
+
+    import mtsa_fairseq
+    from mtsa_fairseq.modules import MTSAMultiheadAttention
+
+    with tempfile.TemporaryDirectory() as data:
+        for lang in ("en", "de"):
+            Path(data, f"dict.{lang}.txt").write_text("".join(f"tok{i} 1\n" for i in range(vocab - 4)))
+        argv = [data, "--user-dir", str(Path(mtsa_fairseq.__file__).parent), "--arch", arch, "-s", "en", "-t", "de",
+                "--task", "translation", "--share-all-embeddings", "--criterion", "label_smoothed_cross_entropy",
+                "--label-smoothing", "0.1"]
+        args = options.parse_args_and_arch(options.get_training_parser(), argv)
+        task = tasks.setup_task(args)
+        model = task.build_model(args)
+        criterion = task.build_criterion(args)
+    for module in model.modules():
+        if isinstance(module, MTSAMultiheadAttention):
+            module.kernel = kernel
+    return model.to(device=device, dtype=getattr(torch, dtype)).train(), criterion
+
+
+def _encoder_pass(model, tokens, lengths) -> None:
+    model.zero_grad(set_to_none=True)
+    out = model.encoder(tokens, src_lengths=lengths)["encoder_out"][0]
+    out.float().sum().backward()
+
+
+def _source_batch(batch: int, length: int, vocab: int, device: str, seed: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, vocab, (batch, length), generator=generator)
+    tokens[:, -1] = 2  # eos
+    return tokens.to(device), torch.full((batch,), length, device=device)
+
+
+def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
+    """Growth of peak memory during one encoder forward+backward pass (run in a fresh process)."""
+    from mtsa_fairseq.experiments.bench.measure import peak_growth_mb
+
+    model, _ = build_model(MODELS[name], args.vocab, args.device, args.dtype, args.kernel)
+    _encoder_pass(model, *_source_batch(args.batch, 16, args.vocab, args.device, 0))  # library initialisation
+    tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
+    model.zero_grad(set_to_none=True)
+    return peak_growth_mb(lambda: _encoder_pass(model, tokens, lengths), args.device)
+
+
+def peak_memory_mb_isolated(name: str, length: int, args: argparse.Namespace) -> float:
+    """:func:`peak_memory_mb` in a fresh process (``--memory-of``); exits with the child's error if it fails."""
+    from mtsa_fairseq.experiments.bench.measure import CellFailed, run_isolated
+
+    options = ["--memory-of", f"{name}:{length}", "--batch", str(args.batch), "--vocab", str(args.vocab),
+               "--device", args.device, "--dtype", args.dtype, "--kernel", args.kernel]
+    options += ["--threads", str(args.threads)] if args.threads else []
+    try:
+        return run_isolated(__file__, options, f"memory measurement of {name} at L={length}")
+    except CellFailed as error:
+        sys.exit(f"error: {error}")
+
+
+def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
+    """Median forward+backward time per model, the models alternating (ABBA order) pass by pass."""
+    from mtsa_fairseq.experiments.bench.measure import timed_rounds
+
+    tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
+    steps = {name: lambda _, model=model: _encoder_pass(model, tokens, lengths) for name, (model, _) in models.items()}
+    seconds = timed_rounds(steps, args.repeats, args.device)
+    return {name: 1000 * statistics.median(t) for name, t in seconds.items()}
+
+
+def training_batches(args: argparse.Namespace) -> list[dict]:
+    """``--train-steps + 1`` batches of about ``--train-max-tokens`` target tokens each, sentence lengths
+    drawn from a clipped normal (mean 27, sd 12, in [4, 100]: roughly WMT14 En-De in 32k pieces)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for _ in range(args.train_steps + 1):
+        lengths = (torch.randn(4096, generator=generator) * 12 + 27).round().clamp(4, 100).long().tolist()
+        n, longest = 0, 0
+        while n < len(lengths) and max(longest, lengths[n]) * (n + 1) <= args.train_max_tokens:
+            longest = max(longest, lengths[n])
+            n += 1
+        src = torch.randint(4, args.vocab, (n, longest), generator=generator)
+        tgt = torch.randint(4, args.vocab, (n, longest), generator=generator)
+        src[:, -1] = tgt[:, -1] = 2
+        prev = torch.cat([torch.full((n, 1), 2), tgt[:, :-1]], 1)
+        net_input = {"src_tokens": src, "src_lengths": torch.full((n,), longest), "prev_output_tokens": prev}
+        batches.append({
+            "net_input": {key: value.to(args.device) for key, value in net_input.items()},
+            "target": tgt.to(args.device), "ntokens": n * longest, "nsentences": n,
+        })
+    return batches
+
+
+def training_throughput(models: dict, args: argparse.Namespace) -> dict[str, float]:
+    """Target tokens per second of full training steps (loss, backward, Adam), models alternating."""
+    import torch
+
+    from mtsa_fairseq.experiments.bench.measure import timed_rounds
+
+    batches = training_batches(args)
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.997), eps=1e-9)
+                  for name, (m, _) in models.items()}
+
+    def train_step(name: str, batch: dict) -> None:
+        model, criterion = models[name]
+        optimizers[name].zero_grad(set_to_none=True)
+        loss, _, _ = criterion(model, batch)
+        loss.backward()
+        optimizers[name].step()
+
+    steps = {name: lambda r, name=name: train_step(name, batches[r]) for name in models}
+    seconds = timed_rounds(steps, len(batches) - 1, args.device)  # the first batch is the warm-up
+    tokens = sum(batch["ntokens"] for batch in batches[1:])
+    return {name: tokens / sum(seconds[name]) for name in models}
+
+
+def markdown(result: dict) -> str:
+    rows = ["| L | transformer ms | mtsa ms | time ratio | transformer MB | mtsa MB | memory ratio |",
+            "|---|---|---|---|---|---|---|"]
+    for r in result["encoder"]:
+        rows.append(f"| {r['L']} | {r['ms']['transformer']:.1f} | {r['ms']['mtsa']:.1f} | {r['time_ratio']:.3f} | "
+                    f"{r['mb']['transformer']:.1f} | {r['mb']['mtsa']:.1f} | {r['memory_ratio']:.3f} |")
+    train = result["training"]
+    rows += ["", "| training | transformer tok/s | mtsa tok/s | throughput ratio (mtsa / transformer) |",
+             "|---|---|---|---|",
+             f"| {train['steps']} steps of ~{train['max_tokens']} target tokens | "
+             f"{train['tok_s']['transformer']:.1f} | {train['tok_s']['mtsa']:.1f} | {train['ratio']:.3f} |"]
+    return f"{result['settings']}\n\n" + "\n".join(rows) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets the root logger to DEBUG
+    import matplotlib.pyplot as plt
+
+    lengths = [r["L"] for r in result["encoder"]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for name, style in (("transformer", "o-"), ("mtsa", "s-")):
+        axes[0].plot(lengths, [r["ms"][name] for r in result["encoder"]], style, label=name)
+        axes[1].plot(lengths, [r["mb"][name] for r in result["encoder"]], style, label=name)
+    axes[2].plot(lengths, [r["time_ratio"] for r in result["encoder"]], "o-", label="time ratio")
+    axes[2].plot(lengths, [r["memory_ratio"] for r in result["encoder"]], "s-", label="peak-memory ratio")
+    axes[2].axhline(1.10, color="grey", ls=":", label="time target at L=128 (1.10)")
+    axes[2].axhline(1.25, color="grey", ls="--", label="time bound up to L=1024 (1.25)")
+    axes[2].axhline(1.30, color="black", ls="-.", lw=0.8, label="memory target at L=2048 (1.30)")
+    titles = ["encoder fwd+bwd time (ms)", "encoder fwd+bwd peak memory (MB)", "mtsa / transformer"]
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length L")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    fig.suptitle(result["settings"], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048],
+                        help="encoder sequence lengths")
+    parser.add_argument("--batch", type=int, default=8, help="sentences per encoder batch")
+    parser.add_argument("--repeats", type=int, default=3, help="timed encoder passes per model and length")
+    parser.add_argument("--vocab", type=int, default=32_768, help="joined dictionary size (the paper's setup)")
+    parser.add_argument("--train-steps", type=int, default=4, help="timed training steps per model (plus a warm-up)")
+    parser.add_argument("--train-max-tokens", type=int, default=2048,
+                        help="target tokens per training batch (Setup 1: 2048 per GPU)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                        help="parameter and activation dtype")
+    parser.add_argument("--kernel", default="auto", choices=["auto", "sdpa", "dense", "triton"],
+                        help="mtsa_core's kernel in the MTSA layers (auto: SDPA for their exp token2token)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
+    parser.add_argument("--json", type=Path, help="write the raw numbers here")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: "model:L", run in a fresh process
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.kernel == "triton" and not args.device.startswith("cuda"):
+        parser.error("--kernel triton runs on --device cuda")
+    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, emit, progress
+
+    if not can_measure(args.device):
+        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
+    if args.memory_of:
+        name, length = args.memory_of.split(":")
+        emit(peak_memory_mb(name, int(length), args))
+        return
+    for out in (args.markdown, args.json, args.plot):
+        if out is not None and not out.parent.is_dir():
+            parser.error(f"output directory {out.parent} does not exist")
+
+    torch.manual_seed(0)
+    models = {name: build_model(arch, args.vocab, args.device, args.dtype, args.kernel)
+              for name, arch in MODELS.items()}
+    encoder = []
+    start = time.monotonic()
+    for done, length in enumerate(args.lengths, 1):
+        ms = encoder_times_ms(models, length, args)
+        mb = {name: peak_memory_mb_isolated(name, length, args) for name in MODELS}
+        row = {"L": length, "ms": ms, "mb": mb, "time_ratio": ms["mtsa"] / ms["transformer"],
+               "memory_ratio": mb["mtsa"] / mb["transformer"]}
+        encoder.append(row)
+        print(f"{progress(done, len(args.lengths), start)} L={length:5d}  "
+              f"time {ms['transformer']:9.1f} / {ms['mtsa']:9.1f} ms (x{row['time_ratio']:.3f})"
+              f"  peak {mb['transformer']:8.1f} / {mb['mtsa']:8.1f} MB (x{row['memory_ratio']:.3f})", flush=True)
+    tok_s = training_throughput(models, args)
+    print(f"[bench] training {tok_s['transformer']:.1f} / {tok_s['mtsa']:.1f} target tokens/s", flush=True)
+    settings = (f"{device_name(args.device)}, torch {torch.__version__}, {args.dtype}; encoder batch {args.batch}, "
+                f"median of {args.repeats}; vocab {args.vocab}; mtsa_core kernel {args.kernel}")
+    result = {"settings": settings, "encoder": encoder,
+              "training": {"steps": args.train_steps, "max_tokens": args.train_max_tokens, "tok_s": tok_s,
+                           "ratio": tok_s["mtsa"] / tok_s["transformer"]}}
+    table = markdown(result)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot:
+        plot(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+#!/usr/bin/env python
+"""``mtsa-make-toy-corpus`` from a clone; the command itself is mtsa_fairseq/experiments/commands/make_toy_corpus.py."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtsa_fairseq.experiments.commands.make_toy_corpus import main  # noqa: E402
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The commands: one module per command in mtsa_fairseq/experiments/commands/, installed as ``mtsa-*`` console
+entry points, runnable from a clone as ``scripts/<name>.py``, with help text on every option."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS_DIR = ROOT / "mtsa_fairseq" / "experiments" / "commands"
+
+
+def setup_commands() -> list[str]:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "COMMANDS":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no COMMANDS list")
+
+
+def test_every_command_module_is_an_entry_point_and_a_script():
+    modules = sorted(p.stem for p in COMMANDS_DIR.glob("*.py") if p.stem != "__init__")
+    assert sorted(setup_commands()) == modules
+    for name in modules:
+        assert f"from mtsa_fairseq.experiments.commands.{name} import main" in (ROOT / f"scripts/{name}.py").read_text()
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS_DIR.glob("*.py")), ids=lambda p: p.stem)
+def test_every_option_has_help(path):
+    missing = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            if not any(k.arg == "help" for k in node.keywords):
+                missing.append(ast.unparse(node.args[0]) if node.args else "?")
+    assert missing == [], f"{path.name}: options without help: {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", setup_commands())
+def test_installed_command_answers_help(name):
+    executable = Path(sys.executable).parent / f"mtsa-{name.replace('_', '-')}"
+    assert executable.is_file(), f"{executable} is not installed (pip install -e .)"
+    proc = subprocess.run([str(executable), "--help"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"usage: mtsa-{name.replace('_', '-')}")

@@ -1,13 +1,21 @@
 """The benchmark scripts' shared measurement helpers: a cell in a fresh process answers with its last JSON
 line or fails naming the cell, and peak memory growth sees what a step allocates on top of what is there."""
 
+import argparse
 import json
 import textwrap
 
 import pytest
 import torch
 
-from mtsa_fairseq.experiments.bench.measure import CellFailed, can_measure, emit, peak_growth_mb, run_isolated
+from mtsa_fairseq.experiments.bench.measure import (
+    CellFailed,
+    can_measure,
+    check_positive,
+    emit,
+    peak_growth_mb,
+    run_isolated,
+)
 
 
 def child(tmp_path, body: str):
@@ -74,3 +82,15 @@ def test_peak_growth_on_cuda_counts_the_allocator_peak():
         torch.ones(50 * 2**18, device="cuda").sum()
 
     assert 49 < peak_growth_mb(step, "cuda") < 55
+
+
+def test_check_positive_refuses_integers_below_one():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", type=int, nargs="+")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--core", action="store_true")
+    check_positive(parser, parser.parse_args(["--lengths", "8", "16", "--repeats", "1"]))
+    for argv in (["--lengths", "8", "0"], ["--repeats", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            check_positive(parser, parser.parse_args(argv))
+        assert exc.value.code == 2

@@ -222,6 +222,11 @@ def test_experiment_and_evaluation_reject_bad_input(trec_data, tmp_path):
     bad = run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint", str(tmp_path / "no.pt"),
               check=False)
     assert bad.returncode != 0 and "error: checkpoint not found" in bad.stderr
+    (tmp_path / "text.pt").write_text("not a checkpoint\n")
+    bad = run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint", str(tmp_path / "text.pt"),
+              check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: cannot load checkpoint")
+    assert "Traceback" not in bad.stderr
     wrong = run(sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config",
                 str(ROOT / "configs/sentence/sst5.yaml"), "--data", str(trec_data), "--archs", "mtsa_encoder",
                 "--out", str(tmp_path / "x"), check=False)

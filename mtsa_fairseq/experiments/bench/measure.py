@@ -5,6 +5,7 @@ mark, reset through ``/proc/self/clear_refs`` just before the step)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -20,6 +21,14 @@ import torch
 
 PROC_STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (exit 2) for any integer option, or integer in a list option, below 1."""
+    for name, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, int) and not isinstance(v, bool) and v < 1 for v in values):
+            parser.error(f"--{name.replace('_', '-')} must be positive")
 
 
 class CellFailed(RuntimeError):

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
+    from mtsa_fairseq.experiments.bench.measure import check_positive
+
+    check_positive(parser, args)
 
     import torch
 

@@ -32,7 +32,10 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
         overrides["data"] = str(data)
     if cv_fold is not None:
         overrides["cv_fold"] = cv_fold
-    state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), overrides)
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), overrides)
+    except Exception as exc:  # fairseq and torch raise many kinds for a file that is not a checkpoint
+        raise EvaluationError(f"cannot load checkpoint {checkpoint}: {type(exc).__name__}: {exc}") from None
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
                                                                       state=state)
     if getattr(cfg.task, "_name", None) != "sentence_encoding" and not hasattr(task, "kind"):

@@ -1,7 +1,6 @@
 """scripts/multi30k_study.py: input checks and the per-run table (the training itself is the pipeline's, tested
 in test_pipeline.py; the study's configs are checked in test_configs.py)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,15 +9,13 @@ from pathlib import Path
 import pytest
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
+from mtsa_fairseq.experiments.commands import multi30k_study as study
 from mtsa_fairseq.experiments.translation.train_config import is_mtsa_option, load_config
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "multi30k_study.py"
-spec = importlib.util.spec_from_file_location("multi30k_study", SCRIPT)
-study = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(study)
 
 
 def test_systems_differ_only_in_the_encoder_self_attention():

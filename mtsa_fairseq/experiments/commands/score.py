@@ -138,7 +138,8 @@ def main() -> None:
     try:
         info = scoring.checkpoint_info(checkpoint, inputs.data_bin)
     except Exception as exc:  # fairseq raises many kinds for unloadable checkpoints
-        fail(f"cannot load checkpoint {checkpoint}: {type(exc).__name__}: {exc}")
+        reason = (str(exc).strip().splitlines() or [""])[0]  # torch's explanations run over several lines
+        fail(f"cannot load checkpoint {checkpoint}: {type(exc).__name__}: {reason}")
     source_lang = inputs.source_lang or info.source_lang
     target_lang = inputs.target_lang or info.target_lang
     if not target_lang:

@@ -165,11 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    from mtsa_fairseq.experiments.bench.measure import check_positive
+    from mtsa_fairseq.experiments.bench.measure import can_measure, check_positive, device_name, emit, progress
 
     check_positive(parser, args)
-    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, emit, progress
-
     if args.one:
         method, length = args.one.split(":")
         emit(measure(method, int(length), args))

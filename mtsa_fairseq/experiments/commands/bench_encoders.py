@@ -177,14 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    from mtsa_fairseq.experiments.bench.measure import check_positive
-
-    check_positive(parser, args)
-
     import torch
 
-    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, emit, memory_available_gib, progress
+    from mtsa_fairseq.experiments.bench.measure import (
+        can_measure,
+        check_positive,
+        device_name,
+        emit,
+        memory_available_gib,
+        progress,
+    )
 
+    check_positive(parser, args)
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
     if args.memory_of:

@@ -222,20 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    from mtsa_fairseq.experiments.bench.measure import check_positive
-
-    check_positive(parser, args)
-
     import torch
 
+    from mtsa_fairseq.experiments.bench.measure import can_measure, check_positive, device_name, emit, progress
+
+    check_positive(parser, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     if args.kernel == "triton" and not args.device.startswith("cuda"):
         parser.error("--kernel triton runs on --device cuda")
-    from mtsa_fairseq.experiments.bench.measure import can_measure, device_name, emit, progress
-
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
     if args.memory_of:

@@ -9,7 +9,7 @@ import os
 from setuptools import find_packages, setup
 
 requirements = [
-    "torch>=2.6", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses", "scipy", "matplotlib", "pyyaml",
+    "torch>=2.6", "numpy", "sacrebleu>=2.0", "sentencepiece", "sacremoses", "scipy", "matplotlib", "pyyaml", "submitit",
 ]
 # mtsa-<name with dashes>: mtsa_fairseq/experiments/commands/<name>.py (scripts/<name>.py runs the same from a clone)
 COMMANDS = [

@@ -5,6 +5,7 @@ import os
 import re
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from process_helpers import trainer_list_is, trainers_on, wait_for
 
-from mtsa_fairseq.experiments.runs import mean_train_wps, record_finish, record_start
+from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, write_run
+from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.launch import execute
 from mtsa_fairseq.experiments.translation.plan import LaunchOptions, plan
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
@@ -100,7 +102,7 @@ def launch(config: Path, data: Path, save_root: Path, seeds: list[int], **option
     launcher's messages and checks that no run failed."""
     messages: list[str] = []
     the_plan = plan(config, data, seeds, save_root, LaunchOptions(threads=1, **options))
-    assert execute(the_plan, ROOT / "scripts" / "train_seeds.py", log=messages.append) == 0, messages
+    assert execute(the_plan, log=messages.append) == 0, messages
     return messages
 
 
@@ -209,7 +211,7 @@ def test_finished_checkpoint_with_running_status_is_recorded_without_training(tr
     (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "status": "running"}))
     log = (run_dir / "train.log").read_text()
     the_plan = plan(config, corpus / "prepared", [2], tmp_path, LaunchOptions(threads=1))
-    assert execute(the_plan, ROOT / "scripts" / "train_seeds.py", log=lambda _: None) == 0
+    assert execute(the_plan, log=lambda _: None) == 0
     assert run_json(run_dir)["status"] == "done" and run_json(run_dir)["num_updates"] == 15
     assert (run_dir / "train.log").read_text() == log
 
@@ -285,27 +287,52 @@ def test_torchrun_two_cpu_processes(corpus, tmp_path):
     assert state["optimizer_history"][-1]["num_updates"] == 4
 
 
-def test_slurm_script(corpus, tmp_path):
+def test_slurm_jobs_dry_run(corpus, tmp_path, capsys):
     config = write_config(tmp_path / "configs", name="tiny_gpu", gpus=2)
-    options = LaunchOptions(launcher="slurm", threads=4, master_port=12000)
-    the_plan = plan(config, corpus / "prepared", [3], tmp_path / "runs", options)
-    assert not (tmp_path / "runs").exists()  # planning writes nothing
-    execute(the_plan, ROOT / "scripts" / "train_seeds.py")
-    run_dir = tmp_path / "runs" / "tiny_gpu" / "seed3"
-    script = (run_dir / "train.sbatch").read_text()
-    assert script.startswith("#!/bin/bash\n")
-    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=2", "#SBATCH --gpus-per-node=2",
-                 "#SBATCH --cpus-per-task=4", f"#SBATCH --output={run_dir}/slurm-%j.out",
-                 f"--record-start {run_dir}", f"--record-finish {run_dir} --returncode \"$rc\""):
-        assert line in script
-    srun = next(line for line in script.splitlines() if line.startswith("srun "))
-    assert "fairseq-train" in srun and "--distributed-port 12003" in srun and "--distributed-world-size 2" in srun
-    assert "--seed 3" in srun and f"--save-dir {run_dir}" in srun and srun.endswith(f"| tee -a {run_dir}/train.log")
-    assert "--cpu" not in srun.split()
-    assert run_json(run_dir)["status"] == "pending"
-    record_start(run_dir)
-    assert run_json(run_dir)["status"] == "running"
-    assert record_finish(run_dir, 1, log=lambda _: None)["status"] == "failed"
+    options = LaunchOptions(launcher="slurm", threads=4, master_port=12000, slurm_partition="gpu",
+                            slurm_args=("account=nlp", "constraint=volta32gb"))
+    the_plan = plan(config, corpus / "prepared", [3], tmp_path / "runs", options, dry_run=True)
+    assert execute(the_plan, dry_run=True) == 0
+    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("# would build")]
+    assert json.loads(out[0].split("Slurm job ", 1)[1].rsplit(", every task:", 1)[0]) == {
+        "name": "tiny_gpu.seed3", "nodes": 1, "tasks_per_node": 2, "gpus_per_node": 2, "timeout_min": 4320,
+        "cpus_per_task": 4, "slurm_partition": "gpu",
+        "slurm_additional_parameters": {"account": "nlp", "constraint": "volta32gb"}}
+    command = out[1].split()
+    assert "fairseq-train" in command[0] and "--cpu" not in command and command[-4:] == [
+        "--distributed-world-size", "2", "--distributed-port", "12003"]
+    assert not (tmp_path / "runs").exists()
+    if shutil.which("sbatch") is None:
+        with pytest.raises(LaunchError, match="sbatch, which is not on PATH"):
+            plan(config, corpus / "prepared", [3], tmp_path / "runs", options)
+
+
+def test_slurm_job_resumes_after_preemption(corpus, tmp_path):
+    """A seed's job through submitit's local executor (the Slurm job without Slurm): preempted mid-training, it is
+    requeued, fairseq resumes from checkpoint_last.pt and run.json ends done with both sessions' time."""
+    config = write_config(tmp_path / "configs", updates=200)
+    the_plan = plan(config, corpus / "prepared", [1], tmp_path / "runs", LaunchOptions(threads=1, cpu=True))
+    run = the_plan.runs[0]
+    the_plan.view.build(lambda _: None)  # the length-filtered data execute() builds before submitting
+    run.run_dir.mkdir(parents=True)
+    write_run(run.run_dir, {**run.record, "status": "submitted"})
+    job = slurm.submit(the_plan, run, cluster="local")
+    wait_for(lambda: job.done() or (checkpoint_updates(run.run_dir / "checkpoint_last.pt") or 0) >= 5, "5 updates")
+    assert not job.done(), job.stderr()
+    assert run_json(run.run_dir)["status"] == "running"
+    task = int(re.match(r"launcher pid (\d+)", (run.run_dir / ".lock").read_text())[1])  # the job's task 0
+    trainer = trainers_on(run.run_dir)
+    assert len(trainer) == 1
+    os.kill(task, signal.SIGUSR2)  # what Slurm sends the tasks of a preempted job (submitit's --signal)
+    assert job.result() == 0
+    assert not any(pid in trainers_on(run.run_dir) for pid in trainer)  # the first session's fairseq was stopped
+    record = run_json(run.run_dir)
+    assert record["status"] == "done" and record["num_updates"] == 200 and record["slurm_job"] == job.job_id
+    assert 0 < record["resumed_from_updates"] < 200 and record["wall_seconds"] > 0 and "started_at" not in record
+    assert "Requeued job" in job.stderr()
+    log = (run.run_dir / "train.log").read_text()
+    assert f"@ {record['resumed_from_updates']} updates)" in log
+    assert not (run.run_dir / ".lock").exists()
 
 
 @pytest.mark.parametrize("case, message", [
@@ -347,7 +374,8 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
     (LaunchOptions(launcher="slurm", cpu=True), "--launcher slurm trains on GPUs"),
     (LaunchOptions(node_rank=1), "outside 0..0"),
     (LaunchOptions(average_last=5), "'keep-interval-updates' >= 5"),
-    (LaunchOptions(submit=True), "--submit is for --launcher slurm"),
+    (LaunchOptions(slurm_partition="gpu"), "--slurm-* options are for --launcher slurm"),
+    (LaunchOptions(launcher="slurm", slurm_args=("account",)), "'account' is not KEY=VALUE"),
 ])
 def test_plan_rejects_inconsistent_options(corpus, tmp_path, options, message):
     config = write_config(tmp_path / "configs")
@@ -360,7 +388,7 @@ def test_dry_run_prints_commands_and_writes_nothing(corpus, tmp_path, capsys):
     config = write_config(tmp_path / "configs")
     options = LaunchOptions(extra_args=("--update-freq", "2"))
     the_plan = plan(config, corpus / "prepared", [4, 5], tmp_path / "runs", options, dry_run=True)
-    execute(the_plan, ROOT / "scripts" / "train_seeds.py", dry_run=True)
+    execute(the_plan, dry_run=True)
     out, err = capsys.readouterr()
     commands = [line for line in out.splitlines() if "fairseq-train" in line]
     assert len(commands) == 2 and all(c.endswith("--update-freq 2") for c in commands) and "--seed 5" in commands[1]

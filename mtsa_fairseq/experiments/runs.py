@@ -102,6 +102,7 @@ def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_
         train_target_tokens_per_second=mean_train_wps(log_text), peak_rss_mb=max(peaks) if peaks else None,
     )
     record.pop("error", None)
+    record.pop("started_at", None)
     if returncode != 0:
         record.update(status="failed", error=f"fairseq-train exited with {returncode} (see {log_path})")
     elif updates is None or updates < record["max_update"]:
@@ -124,19 +125,19 @@ def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_
     return record
 
 
-def record_start(run_dir: Path) -> dict[str, Any]:
-    """Mark a run as running (the sbatch script calls this before ``srun``)."""
+def record_start(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Mark a run as running from now, with more ``fields`` (a Slurm job calls this before fairseq-train)."""
     record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
-    record.update(status="running", started_at=time.time(),
+    record.update(status="running", started_at=time.time(), **fields,
                   resumed_from_updates=checkpoint_updates(Path(run_dir) / "checkpoint_last.pt") or 0)
     write_run(run_dir, record)
     return record
 
 
 def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fill run.json after ``srun`` (the sbatch script calls this); peak memory is not measurable there."""
+    """Fill run.json after a session begun by :func:`record_start`; peak memory is not measurable there."""
     record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")

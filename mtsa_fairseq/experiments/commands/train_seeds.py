@@ -12,22 +12,24 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.runs import record_finish, record_start
 from mtsa_fairseq.experiments.translation.launch import execute
-from mtsa_fairseq.experiments.translation.plan import LAUNCHERS, LaunchOptions, plan
+from mtsa_fairseq.experiments.translation.plan import LAUNCHERS, SLURM_REQUEUES, SLURM_TIME, LaunchOptions, plan
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, help="training config (YAML, see configs/)")
-    parser.add_argument("--data", type=Path,
+    parser.add_argument("--config", type=Path, required=True, help="training config (YAML, see configs/)")
+    parser.add_argument("--data", type=Path, required=True,
                         help="prepared data directory (its manifest.json names the data-bin) or a fairseq data-bin")
-    parser.add_argument("--seeds", type=int, nargs="+", help="seeds to train, one run each (passed as --seed)")
-    parser.add_argument("--save-root", type=Path, help="root of the run directories <config name>/seed<k>/")
+    parser.add_argument("--seeds", type=int, nargs="+", required=True,
+                        help="seeds to train, one run each (passed as --seed)")
+    parser.add_argument("--save-root", type=Path, required=True,
+                        help="root of the run directories <config name>/seed<k>/")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="local: one fairseq-train per seed, in turn; torchrun: torchrun per seed; "
-                             "slurm: write (and with --submit, submit) one sbatch script per seed (default: local)")
+                             "slurm: submit one Slurm job per seed through submitit, requeued (and resumed) after a "
+                             "timeout or a preemption (default: local)")
     parser.add_argument("--nproc-per-node", type=int,
                         help="processes (GPUs) per node (default: the config's hardware.gpus_per_node; 1 on CPU)")
     parser.add_argument("--nnodes", type=int, help="nodes (default: the config's hardware.nodes; 1 on CPU)")
@@ -43,13 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the config's average_last; 0 = checkpoint_last.pt)")
     parser.add_argument("--extra-args", default="",
                         help='more fairseq-train options, appended after the config\'s, e.g. "--update-freq 4"')
-    parser.add_argument("--dry-run", action="store_true", help="print the commands (or sbatch scripts), write nothing")
-    parser.add_argument("--submit", action="store_true", help="with --launcher slurm: submit the scripts with sbatch")
-    parser.add_argument("--record-start", type=Path, metavar="RUN_DIR",
-                        help="(used by the generated sbatch scripts) mark RUN_DIR's run.json as running")
-    parser.add_argument("--record-finish", type=Path, metavar="RUN_DIR",
-                        help="(used by the generated sbatch scripts) fill RUN_DIR's run.json after training")
-    parser.add_argument("--returncode", type=int, default=0, help="with --record-finish: fairseq-train's exit status")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the commands (and Slurm job parameters), write nothing")
+    parser.add_argument("--slurm-partition", help="with --launcher slurm: the partition to submit to")
+    parser.add_argument("--slurm-time", type=int, default=SLURM_TIME, metavar="MINUTES",
+                        help=f"with --launcher slurm: time limit per job; a job that reaches it is requeued and "
+                             f"resumes from checkpoint_last.pt (default: {SLURM_TIME})")
+    parser.add_argument("--slurm-requeues", type=int, default=SLURM_REQUEUES,
+                        help=f"with --launcher slurm: timeouts after which a job is not requeued again "
+                             f"(default: {SLURM_REQUEUES})")
+    parser.add_argument("--slurm-args", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="with --launcher slurm: more sbatch options without their dashes, e.g. account=nlp "
+                             "constraint=volta32gb")
     return parser
 
 
@@ -57,17 +64,6 @@ def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     try:
-        if args.record_start or args.record_finish:
-            if args.record_start and args.record_finish:
-                parser.error("give --record-start or --record-finish, not both")
-            if args.record_start:
-                record_start(args.record_start)
-                return
-            record = record_finish(args.record_finish, args.returncode)
-            sys.exit(0 if record["status"] == "done" else 1)
-        for name in ("config", "data", "seeds", "save_root"):
-            if getattr(args, name) is None:
-                parser.error(f"--{name.replace('_', '-')} is required")
         try:
             extra = tuple(shlex.split(args.extra_args))
         except ValueError as err:
@@ -75,10 +71,12 @@ def _main() -> None:
         options = LaunchOptions(
             launcher=args.launcher, cpu=args.cpu, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
             node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
-            threads=args.threads, average_last=args.average_last, extra_args=extra, submit=args.submit,
+            threads=args.threads, average_last=args.average_last, extra_args=extra,
+            slurm_partition=args.slurm_partition, slurm_time=args.slurm_time, slurm_requeues=args.slurm_requeues,
+            slurm_args=tuple(args.slurm_args),
         )
         the_plan = plan(args.config, args.data, args.seeds, args.save_root, options, dry_run=args.dry_run)
-        failed = execute(the_plan, Path(__file__).resolve(), dry_run=args.dry_run)
+        failed = execute(the_plan, dry_run=args.dry_run)
     except LaunchError as err:
         sys.exit(f"error: {err}")
     if failed:

@@ -7,14 +7,14 @@ time, updates, throughput, peak memory, the checkpoint to score). A run is done 
 in the same directory, where fairseq restores ``checkpoint_last.pt`` itself.
 
 Everything is checked (config, data, seeds, world size, every fairseq option against fairseq's parser)
-by :func:`plan` before anything is written; :func:`execute` then trains or writes sbatch scripts.
+by :func:`plan` before anything is written; :func:`execute` then trains or submits Slurm jobs
+(:mod:`.slurm`, requeued and resumed after a timeout or a preemption).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,38 +29,13 @@ from mtsa_fairseq.experiments.runs import (
     previous_run,
     write_run,
 )
+from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.plan import Plan, SeedRun
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
-def sbatch_script(plan_: Plan, run: SeedRun, train_seeds: Path) -> str:
-    """The sbatch script of one seed: record start, ``srun fairseq-train``, record finish."""
-    python = shlex.quote(sys.executable)
-    script = shlex.quote(str(train_seeds))
-    run_dir = shlex.quote(str(run.run_dir))
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={plan_.config.name}.seed{run.seed}",
-        f"#SBATCH --nodes={plan_.nnodes}",
-        f"#SBATCH --ntasks-per-node={plan_.nproc_per_node}",
-        f"#SBATCH --gpus-per-node={plan_.nproc_per_node}",
-        *([f"#SBATCH --cpus-per-task={plan_.options.threads}"] if plan_.options.threads else []),
-        f"#SBATCH --output={run.run_dir}/slurm-%j.out",
-        f"# {plan_.config.name}, seed {run.seed}: written by scripts/train_seeds.py --launcher slurm",
-        "set -uo pipefail",
-        *(f"export {k}={shlex.quote(v)}" for k, v in plan_.env.items()),
-        f"cd {shlex.quote(os.getcwd())}",
-        f"{python} {script} --record-start {run_dir} || exit 1",
-        f"srun --kill-on-bad-exit=1 {shlex.join(run.command)} 2>&1 | tee -a {run_dir}/train.log",
-        "rc=${PIPESTATUS[0]}",
-        f"{python} {script} --record-finish {run_dir} --returncode \"$rc\"",
-        'exit "$rc"',
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def execute(plan_: Plan, train_seeds: Path, dry_run: bool = False, log: Callable[[str], None] = print) -> int:
-    """Train (or write sbatch scripts for) every seed of ``plan_``; returns the number of failed runs."""
+def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = print) -> int:
+    """Train (or submit a Slurm job for) every seed of ``plan_``; returns the number of failed runs."""
     for warning in plan_.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     max_update = plan_.runs[0].record["max_update"]
@@ -70,9 +45,9 @@ def execute(plan_: Plan, train_seeds: Path, dry_run: bool = False, log: Callable
         for run in plan_.runs:
             if is_done(previous_run(run.run_dir), max_update):
                 log(f"# seed {run.seed}: done, would be skipped")
-            elif plan_.options.launcher == "slurm":
-                log(f"# seed {run.seed}: {run.run_dir / 'train.sbatch'}\n{sbatch_script(plan_, run, train_seeds)}")
             else:
+                if plan_.options.launcher == "slurm":
+                    log(f"# seed {run.seed}: Slurm job {json.dumps(slurm.job_parameters(plan_, run))}, every task:")
                 log(shlex.join(run.command))
         return 0
     if plan_.view is not None:
@@ -85,7 +60,7 @@ def execute(plan_: Plan, train_seeds: Path, dry_run: bool = False, log: Callable
             log(f"seed {run.seed}: done ({previous['num_updates']} updates), skipped")
             continue
         if plan_.options.launcher == "slurm":
-            failed += _write_slurm(plan_, run, previous, train_seeds, log)
+            failed += _submit(plan_, run, previous, log)
         elif plan_.options.node_rank > 0:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             log(f"seed {run.seed}: node {plan_.options.node_rank} joining: {shlex.join(run.command)}")
@@ -97,29 +72,23 @@ def execute(plan_: Plan, train_seeds: Path, dry_run: bool = False, log: Callable
     return failed
 
 
-def _write_slurm(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, train_seeds: Path,
-                 log: Callable[[str], None]) -> int:
-    if previous and previous.get("status") in ("running", "submitted"):
+def _submit(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Callable[[str], None]) -> int:
+    """Submit one seed's Slurm job unless run.json says one is queued or running."""
+    if previous and previous.get("status") in ("running", "submitted", "requeued"):
         log(f"seed {run.seed}: run.json says {previous['status']} (job {previous.get('slurm_job', '?')}); "
             "not resubmitted: wait for the job, or cancel it and set its status to failed")
         return 0
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    path = run.run_dir / "train.sbatch"
-    path.write_text(sbatch_script(plan_, run, train_seeds))
-    record = {**run.record, "wall_seconds": (previous or {}).get("wall_seconds", 0.0),
+    record = {**run.record, "status": "submitted", "wall_seconds": (previous or {}).get("wall_seconds", 0.0),
               "peak_rss_mb": (previous or {}).get("peak_rss_mb")}
-    if plan_.options.submit:
-        proc = subprocess.run(["sbatch", str(path)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            log(f"seed {run.seed}: sbatch failed: {proc.stderr.strip()}")
-            write_run(run.run_dir, record)
-            return 1
-        job = proc.stdout.strip().split()[-1] if proc.stdout.strip() else "?"
-        record.update(status="submitted", slurm_job=job)
-        log(f"seed {run.seed}: submitted job {job} ({path})")
-    else:
-        log(f"seed {run.seed}: wrote {path} (submit with: sbatch {path})")
-    write_run(run.run_dir, record)
+    write_run(run.run_dir, record)  # before submitting: the job's own "running" must not be overwritten
+    try:
+        job = slurm.submit(plan_, run)
+    except Exception as err:  # sbatch refused the job (partition, account, limits): one line, the run stays
+        write_run(run.run_dir, {**record, "status": "failed", "error": f"submission: {err}"})
+        log(f"seed {run.seed}: submission failed: {str(err).strip().splitlines()[-1]}")
+        return 1
+    log(f"seed {run.seed}: submitted Slurm job {job.job_id} (logs in {run.run_dir / 'slurm'})")
     return 0
 
 

@@ -33,6 +33,8 @@ from mtsa_fairseq.experiments.translation.training_view import (
 )
 
 LAUNCHERS = ("local", "torchrun", "slurm")
+SLURM_TIME = 4320  # minutes a Slurm job may run before it is requeued (and resumes)
+SLURM_REQUEUES = 10  # requeues after a timeout before a seed's job gives up
 # fairseq on CPU under torchrun: its own torchrun detection divides by the GPU count, and an explicit
 # env:// init with its default rank 0 would give every process rank 0; rank -1 lets torch read RANK.
 TORCHRUN_CPU_ARGS = (
@@ -55,7 +57,10 @@ class LaunchOptions:
     threads: int | None = None
     average_last: int | None = None
     extra_args: tuple[str, ...] = ()
-    submit: bool = False
+    slurm_partition: str | None = None
+    slurm_time: int = SLURM_TIME
+    slurm_requeues: int = SLURM_REQUEUES
+    slurm_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -77,6 +82,7 @@ class Plan:
     options: LaunchOptions
     nnodes: int
     nproc_per_node: int
+    cpu: bool
     env: dict[str, str]
     runs: list[SeedRun]
     view: TrainView | None = None
@@ -152,6 +158,8 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
     _check_extra_args(extra)
     cpu = options.cpu or config.cpu
     nnodes, nproc = _world(config, options, cpu, dry_run)
+    if options.launcher == "slurm" and not dry_run and shutil.which("sbatch") is None:
+        raise LaunchError("--launcher slurm submits with sbatch, which is not on PATH (run it on a Slurm login node)")
     base_args = [*fairseq_args(config), *_language_args(config, source),
                  *(["--cpu"] if options.cpu and not config.cpu else [])]
     namespace, average_last = _parse_and_check(config, source, base_args, extra, options)
@@ -180,7 +188,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
         log_name = "train.log" if options.node_rank == 0 else f"train.node{options.node_rank}.log"
         runs.append(SeedRun(seed, run_dir, command, record, log_name))
     warnings = _batch_warnings(config, namespace, nnodes * nproc)
-    return Plan(config, options, nnodes, nproc, env, runs, view, warnings)
+    return Plan(config, options, nnodes, nproc, cpu, env, runs, view, warnings)
 
 
 def _check_options(options: LaunchOptions, seeds: list[int], dry_run: bool) -> None:
@@ -201,10 +209,14 @@ def _check_options(options: LaunchOptions, seeds: list[int], dry_run: bool) -> N
         raise LaunchError(f"--master-port {options.master_port} is not a port number")
     if options.launcher == "slurm" and options.master_port + max(seeds) >= 65536:
         raise LaunchError(f"--master-port {options.master_port} + seed {max(seeds)} is not a port number")
-    if options.submit and options.launcher != "slurm":
-        raise LaunchError("--submit is for --launcher slurm")
-    if options.submit and not dry_run and shutil.which("sbatch") is None:
-        raise LaunchError("--submit needs sbatch on PATH")
+    slurm_defaults = (options.slurm_time, options.slurm_requeues) == (SLURM_TIME, SLURM_REQUEUES)
+    if options.launcher != "slurm" and (options.slurm_partition or options.slurm_args or not slurm_defaults):
+        raise LaunchError("--slurm-* options are for --launcher slurm")
+    if options.slurm_time < 1 or options.slurm_requeues < 0:
+        raise LaunchError("--slurm-time must be >= 1 (minutes) and --slurm-requeues >= 0")
+    malformed = [arg for arg in options.slurm_args if "=" not in arg or arg.startswith("=")]
+    if malformed:
+        raise LaunchError(f"--slurm-args: {malformed[0]!r} is not KEY=VALUE (an sbatch option without its dashes)")
 
 
 def _language_args(config: TrainConfig, source: DataSource) -> list[str]:

@@ -74,8 +74,15 @@ def test_update_progress_reports_at_most_every_interval_and_at_the_end():
     progress("a line without updates")
     progress("train | epoch 002 | loss 2.1 | num_updates 300 | lr 0.5")
     assert len(lines) == 2 and all(line.startswith(PROGRESS_PREFIX) for line in lines)
-    assert lines[0].startswith("[progress] trec seed 1: 150/300 updates (50%), 0m00s elapsed, ETA ")
-    assert lines[1].startswith("[progress] trec seed 1: 300/300 updates (100%), ") and lines[1].endswith("ETA -")
+    assert lines[0].startswith("[progress] trec seed 1: 150/300 updates (50%), 00:00 elapsed, ETA ")
+    assert lines[1].startswith("[progress] trec seed 1: 300/300 updates (100%), ") and lines[1].endswith("ETA 00:00")
+
+
+def test_update_progress_eta_uses_this_sessions_rate():
+    progress = UpdateProgress("run", 300, done=100, write=lambda _: None)
+    progress("num_updates 150")
+    progress.start = 0.0
+    assert progress.line(50.0) == "[progress] run: 150/300 updates (50%), 00:50 elapsed, ETA 02:30"
 
 
 @pytest.mark.slow

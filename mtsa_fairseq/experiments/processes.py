@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 _LIVE: set[subprocess.Popen] = set()  # children of run_logged still running, for stop_children
@@ -189,19 +191,15 @@ def stop_children() -> None:
 
 
 PROGRESS_PREFIX = "[progress] "
+_METER = "{n_fmt}/{total_fmt} updates ({percentage:.0f}%), {elapsed} elapsed, ETA {remaining}"
 _NUM_UPDATES = re.compile(r"num_updates[= ](\d+)")
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 class UpdateProgress:
     """Reads fairseq-train's output lines and reports, at most every ``every`` seconds and when the budget is
-    reached, ``[progress] LABEL: 150/300 updates (50%), 1m02s elapsed, ETA 1m02s`` (the rate is this
-    session's, so a resumed run's ETA does not count the updates it started with)."""
+    reached, ``[progress] LABEL: 150/300 updates (50%), 01:02 elapsed, ETA 01:02`` (tqdm's meter, one line per
+    report because the output goes to logs and pipes; the rate is this session's, so a resumed run's ETA does not
+    count the updates it started with)."""
 
     def __init__(self, label: str, total: int, done: int = 0, every: float = 30.0,
                  write: Callable[[str], None] = print):
@@ -220,9 +218,5 @@ class UpdateProgress:
             self.write(self.line(now))
 
     def line(self, now: float) -> str:
-        elapsed = now - self.start
-        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
-        eta = _duration((self.total - self.done) / rate) if rate > 0 and self.done < self.total else "-"
-        percent = 100 * self.done / self.total if self.total else 100.0
-        return (f"{PROGRESS_PREFIX}{self.label}: {self.done:,}/{self.total:,} updates ({percent:.0f}%), "
-                f"{_duration(elapsed)} elapsed, ETA {eta}")
+        meter = tqdm.format_meter(self.done, self.total, now - self.start, initial=self.first, bar_format=_METER)
+        return f"{PROGRESS_PREFIX}{self.label}: {meter}"

@@ -7,7 +7,8 @@
    high-water mark during one pass (reset through ``/proc/self/clear_refs`` once weights, inputs and
    libraries are in place), on CUDA the growth of ``max_memory_allocated``.
 2. Training throughput: full models (encoder and decoder), label-smoothed cross-entropy and an Adam
-   step on the same synthetic batches (``--train-max-tokens`` per batch, sentence lengths drawn once
+   step (float32 weights; autocast and loss scaling for float16/bfloat16, as fairseq's ``--amp``) on the same
+   synthetic batches (``--train-max-tokens`` per batch, sentence lengths drawn once
    from a fixed distribution), alternating models step by step; target tokens per second.
 
 Writes a Markdown table (``--markdown``), the raw numbers (``--json``) and a plot (``--plot``).
@@ -128,21 +129,29 @@ def training_batches(args: argparse.Namespace) -> list[dict]:
 
 
 def training_throughput(models: dict, args: argparse.Namespace) -> dict[str, float]:
-    """Target tokens per second of full training steps (loss, backward, Adam), models alternating."""
+    """Target tokens per second of full training steps (loss, backward, Adam), models alternating. With
+    ``--dtype float16/bfloat16`` the steps train as fairseq's ``--amp`` does: float32 weights and Adam state,
+    the forward and backward under autocast, float16 gradients scaled by a GradScaler."""
     import torch
 
     from mtsa_fairseq.experiments.bench.measure import timed_rounds
 
     batches = training_batches(args)
+    device_type = torch.device(args.device).type
+    for model, _ in models.values():
+        model.float()  # the master weights; autocast casts them per operation
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.997), eps=1e-9)
                   for name, (m, _) in models.items()}
+    scalers = {name: torch.amp.GradScaler(device_type, enabled=args.dtype == "float16") for name in models}
 
     def train_step(name: str, batch: dict) -> None:
         model, criterion = models[name]
         optimizers[name].zero_grad(set_to_none=True)
-        loss, _, _ = criterion(model, batch)
-        loss.backward()
-        optimizers[name].step()
+        with torch.autocast(device_type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32"):
+            loss, _, _ = criterion(model, batch)
+        scalers[name].scale(loss).backward()
+        scalers[name].step(optimizers[name])
+        scalers[name].update()
 
     steps = {name: lambda r, name=name: train_step(name, batches[r]) for name in models}
     seconds = timed_rounds(steps, len(batches) - 1, args.device)  # the first batch is the warm-up
@@ -208,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="target tokens per training batch (Setup 1: 2048 per GPU)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                        help="parameter and activation dtype")
+                        help="encoder rows: parameter and activation dtype; training: the autocast dtype")
     parser.add_argument("--kernel", default="auto", choices=["auto", "sdpa", "dense", "triton"],
                         help="mtsa_core's kernel in the MTSA layers (auto: SDPA for their exp token2token)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")

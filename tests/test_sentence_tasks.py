@@ -274,6 +274,20 @@ def test_dev_curve_reads_fairseq_validation_lines_once_per_update():
     assert dev_curve(log, "pearson") == []
 
 
+def test_experiment_run_stopped_early_by_patience_is_done(trec_data, tmp_path):
+    config = tmp_path / "patience.yaml"  # lr 0: dev accuracy never improves after the first validation
+    config.write_text(SMALL.replace("name: small", "name: patience").replace("lr: 0.005", "lr: 0.0")
+                      .format(updates=400) + "  validate-interval-updates: 1\n  patience: 2\n")
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+           str(trec_data), "--archs", "multi_cnn_encoder", "--seeds", "1", "--out", str(tmp_path / "exp"), "--cpu"]
+    run(*cmd)
+    record = read_run(tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1", AssertionError)
+    assert (record["status"], record["early_stopped"], record["num_updates"]) == ("done", True, 3)
+    result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
+    assert result["max_update"] == 400 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
+    assert "training ->" not in run(*cmd).stdout  # done: not resumed
+
+
 SMALL = ("name: small\ndataset: trec\nmetric: accuracy\ndescription: test\nfairseq:\n  criterion: sentence_encoding\n"
          "  optimizer: adam\n  lr: 0.005\n  batch-size: 16\n  max-update: {updates}\n  save-interval-updates: 5\n"
          "  best-checkpoint-metric: accuracy\n  maximize-best-checkpoint-metric: true\n  embed-dim: 16\n"

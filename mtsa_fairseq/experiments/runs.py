@@ -27,6 +27,9 @@ _WPS = re.compile(r"\| train_inner \| .*\bwps=([0-9.]+)")
 _LOGGED_UPDATES = re.compile(r"\bnum_updates[= ](\d+)")
 
 
+FAIRSEQ_EARLY_STOP = "early stop since valid performance hasn't improved"  # fairseq_cli.train, --patience
+
+
 def previous_run(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's run.json, or None if it has none or an unreadable one (then the run starts over:
     unlike scoring, which needs a valid record, the launcher can always rebuild it)."""
@@ -79,13 +82,17 @@ def interval_snapshots(run_dir: Path, every: int) -> list[Path]:
 
 
 def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
-    """Whether a run.json says the run finished ``max_update`` updates."""
-    return bool(record) and record.get("status") == "done" and (record.get("num_updates") or 0) >= max_update
+    """Whether a run.json says the run finished ``max_update`` updates (or stopped early within that budget)."""
+    if not record or record.get("status") != "done":
+        return False
+    return (record.get("num_updates") or 0) >= max_update or (
+        bool(record.get("early_stopped")) and record.get("max_update") == max_update)
 
 
 def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_mb: float | None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fill run.json after a training session: updates, throughput, time, averaging, status."""
+               log: Callable[[str], None] = print, output: str = "") -> dict[str, Any]:
+    """Fill run.json after a training session: updates, throughput, time, averaging, status. A session whose
+    ``output`` has fairseq's early stop (``--patience``) is done before ``max_update``."""
     record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
@@ -103,9 +110,10 @@ def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_
     )
     record.pop("error", None)
     record.pop("started_at", None)
+    record["early_stopped"] = returncode == 0 and FAIRSEQ_EARLY_STOP in output
     if returncode != 0:
         record.update(status="failed", error=f"fairseq-train exited with {returncode} (see {log_path})")
-    elif updates is None or updates < record["max_update"]:
+    elif (updates is None or updates < record["max_update"]) and not record["early_stopped"]:
         record.update(status="failed", error=f"training stopped at {updates} of {record['max_update']} updates")
     else:
         record["status"] = "done"
@@ -136,10 +144,11 @@ def record_start(run_dir: Path, **fields: Any) -> dict[str, Any]:
     return record
 
 
-def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print,
+                  output: str = "") -> dict[str, Any]:
     """Fill run.json after a session begun by :func:`record_start`; peak memory is not measurable there."""
     record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
     started = record.get("started_at")
-    return finish_run(run_dir, returncode, time.time() - started if started else 0.0, None, log)
+    return finish_run(run_dir, returncode, time.time() - started if started else 0.0, None, log, output)

@@ -182,12 +182,12 @@ def _execute(command: list[str], run_dir: Path, record: dict[str, Any], threads:
     write_run(run_dir, record)
     start = time.monotonic()
     try:
-        code, peak_mb, _ = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
+        code, peak_mb, output = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
     except BaseException:
         write_run(run_dir, {**record, "status": "interrupted",
                             "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
         raise
-    return finish_run(run_dir, code, time.monotonic() - start, round(peak_mb, 1), log=lambda _: None)
+    return finish_run(run_dir, code, time.monotonic() - start, round(peak_mb, 1), log=lambda _: None, output=output)
 
 
 def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,

@@ -136,7 +136,7 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
         raise
     if resumed_from and "Loaded checkpoint" not in output:
         log(f"warning: seed {run.seed}: fairseq did not report loading {run.run_dir / 'checkpoint_last.pt'}")
-    result = finish_run(run.run_dir, returncode, time.monotonic() - start, round(peak_mb, 1), log)
+    result = finish_run(run.run_dir, returncode, time.monotonic() - start, round(peak_mb, 1), log, output)
     log(f"seed {run.seed}: {result['status']} at {result['num_updates']} updates"
         + (f" ({result['error']})" if result.get("error") else ""))
     return result["status"] != "done"

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, load_yaml, read_json
+from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, read_json
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
 from mtsa_fairseq.experiments.runs import checkpoint_updates, finish_run, mean_train_wps, previous_run, write_run
 from mtsa_fairseq.experiments.significance import SignificanceError, t_test
@@ -43,6 +43,7 @@ from mtsa_fairseq.experiments.translation.train_config import (
     option_origins,
     options_to_args,
     parse_fairseq_train,
+    read_config_file,
 )
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
@@ -87,14 +88,7 @@ class TaskConfig:
 def load_task_config(path: str | Path) -> TaskConfig:
     """Read and check a task config; ``ExperimentError`` names the first problem."""
     path = Path(path)
-    if not path.is_file():
-        raise ExperimentError(f"config not found: {path}")
-    try:
-        raw = load_yaml(path)
-    except ValueError as err:  # names the file and line: a syntax error, a repeated key, not UTF-8
-        raise ExperimentError(str(err)) from None
-    if not isinstance(raw, dict):
-        raise ExperimentError(f"{path}: a config must be a YAML mapping")
+    raw = read_config_file(path, ExperimentError)
     missing = [k for k in CONFIG_KEYS if k not in raw]
     unknown = [k for k in raw if k not in (*CONFIG_KEYS, "arch_overrides")]
     if missing or unknown:

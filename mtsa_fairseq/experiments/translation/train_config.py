@@ -172,16 +172,24 @@ def check_averaging(average_last: int, save_interval_updates: Any, keep_interval
                           f"checkpoints, fewer than average_last = {average_last}")
 
 
-def load_config(path: str | Path) -> TrainConfig:
-    """Read and validate a config file (structure only; see :func:`check_with_fairseq` for option names)."""
+def read_config_file(path: str | Path, error: type[Exception] = ConfigError) -> dict[str, Any]:
+    """A YAML config file as a mapping; a missing file, a YAML error (with file and line), a repeated key, text
+    that is not UTF-8 or a document that is not a mapping raise ``error``."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise error(f"config file {path} does not exist")
     try:
         raw = load_yaml(path)
-    except ValueError as err:  # names the file and line: a syntax error, a repeated key, not UTF-8
-        raise ConfigError(str(err)) from None
-    return config_from_dict(raw, path)
+    except ValueError as err:
+        raise error(str(err)) from None
+    if not isinstance(raw, dict):
+        raise error(f"{path}: a config must be a YAML mapping")
+    return raw
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read and validate a config file (structure only; see :func:`check_with_fairseq` for option names)."""
+    return config_from_dict(read_config_file(path), Path(path))
 
 
 def _format(value: Any) -> str:

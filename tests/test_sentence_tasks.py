@@ -318,6 +318,26 @@ def test_experiment_never_leaves_two_trainers_on_a_run(trec_data, tmp_path):
     assert json.loads((out / "results" / "mtsa_encoder_seed1.json").read_text())["max_update"] == 10
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_terminated_parallel_experiment_records_its_runs_as_interrupted(trec_data, tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=100_000))
+    out = tmp_path / "exp"
+    run_dirs = [out / "runs" / "mtsa_encoder" / f"seed{seed}" for seed in (1, 2)]
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+           str(trec_data), "--archs", "mtsa_encoder", "--seeds", "1", "2", "--out", str(out), "--cpu", "--threads",
+           "1", "--jobs", "2"]
+    experiment = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for run_dir in run_dirs:
+        wait_for(lambda run_dir=run_dir: trainers_on(run_dir), "both trainers")
+    experiment.terminate()
+    _, err = experiment.communicate(timeout=120)
+    assert experiment.returncode == 143
+    assert err.strip().splitlines()[-1] == "interrupted: rerun the same command to resume"
+    for run_dir in run_dirs:
+        assert not trainers_on(run_dir) and read_run(run_dir, AssertionError)["status"] == "interrupted"
+
+
 def test_task_config_with_a_repeated_key_is_refused(tmp_path):
     config = tmp_path / "small.yaml"
     config.write_text(SMALL.format(updates=10) + "  lr: 0.01\n")

@@ -45,3 +45,20 @@ def test_installed_command_answers_help(name):
     proc = subprocess.run([str(executable), "--help"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(f"usage: mtsa-{name.replace('_', '-')}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, args, message", [
+    ("sentence_experiment", ["--archs", "mtsa_encoder", "--seeds", "1", "1"], "--archs and --seeds must not repeat"),
+    ("sentence_experiment", ["--archs", "mtsa_encoder", "--max-update", "0"], "--max-update must be positive"),
+    ("sentence_experiment", ["--archs", "mtsa_encoder", "--extra-args", "'"], "--extra-args: No closing quotation"),
+    ("train_seeds", ["--seeds", "1", "--save-root", "x", "--extra-args", "'"], "--extra-args: No closing quotation"),
+])
+def test_usage_errors_exit_2_with_one_line(tmp_path, name, args, message):
+    common = ["--config", str(tmp_path / "c.yaml"), "--data", str(tmp_path)]
+    if name == "sentence_experiment":
+        common += ["--out", str(tmp_path / "out")]
+    proc = subprocess.run([sys.executable, str(ROOT / f"scripts/{name}.py"), *common, *args], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
+    assert not (tmp_path / "out").exists()

@@ -22,6 +22,7 @@ from pathlib import Path
 from mtsa_fairseq.experiments.processes import run_command, stop_children
 from mtsa_fairseq.experiments.sentence.experiment import (
     ExperimentError,
+    TaskConfig,
     check_options,
     load_task_config,
     plan_runs,
@@ -33,7 +34,8 @@ from mtsa_fairseq.experiments.sentence.experiment import (
 from mtsa_fairseq.tasks.sentence_encoding import read_manifest
 
 
-def _main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True, help="task config (configs/sentence/<task>.yaml)")
     parser.add_argument("--data", type=Path, required=True, help="directory from scripts/prepare_sentence_data.py")
@@ -51,58 +53,34 @@ def _main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
     parser.add_argument("--extra-args", default="",
                         help='more fairseq-train options, e.g. "--embedding-path glove.6B.300d.txt"')
-    args = parser.parse_args()
+    return parser
 
-    try:
-        config = load_task_config(args.config)
-        manifest = read_manifest(args.data)
-    except (ExperimentError, ValueError) as exc:
-        sys.exit(f"error: {exc}")
-    if manifest["dataset"] != config.dataset:
-        sys.exit(f"error: {args.data} holds {manifest['dataset']!r} but {args.config} is for {config.dataset!r}")
+
+def _check_archs(parser: argparse.ArgumentParser, archs: list[str]) -> None:
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     import mtsa_fairseq  # noqa: F401  (registers the architectures)
 
-    unknown = [a for a in args.archs if ARCH_MODEL_REGISTRY.get(a) is None or
+    unknown = [a for a in archs if ARCH_MODEL_REGISTRY.get(a) is None or
                ARCH_MODEL_REGISTRY[a].__name__ != "SentenceEncoderModel"]
     if unknown:
-        sys.exit(f"error: not sentence-encoder architectures: {unknown}")
-    if len(set(args.archs)) != len(args.archs) or len(set(args.seeds)) != len(args.seeds):
-        sys.exit("error: --archs and --seeds must not repeat")
+        parser.error(f"not sentence-encoder architectures: {unknown}")
+
+
+def _folds(parser: argparse.ArgumentParser, args: argparse.Namespace, manifest: dict) -> list[int] | None:
+    """The folds to run (None: the data has a fixed split), checked against the data."""
     num_folds = int(manifest.get("num_folds") or 0)
     folds = args.folds if args.folds is not None else (list(range(num_folds)) if num_folds else None)
     if folds and not num_folds:
-        sys.exit(f"error: {args.data} is not cross-validation data; drop --folds")
+        parser.error(f"{args.data} is not cross-validation data; drop --folds")
     if folds and any(not 0 <= f < num_folds for f in folds):
-        sys.exit(f"error: --folds must be in 0..{num_folds - 1}")
-    if args.max_update is not None and args.max_update <= 0:
-        sys.exit("error: --max-update must be positive")
+        parser.error(f"--folds must be in 0..{num_folds - 1}")
+    return folds
 
-    out = args.out.resolve()
-    data = args.data.resolve()
-    runs = plan_runs(args.archs, args.seeds, folds)
-    try:
-        extra = shlex.split(args.extra_args)
-    except ValueError as exc:
-        sys.exit(f"error: --extra-args: {exc}")
-    try:
-        check_options(config, args.archs, data, extra)
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
 
-    def one(run):
-        return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)
-
-    try:
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            try:
-                results = list(pool.map(one, runs))
-            except BaseException:
-                stop_children()  # Ctrl-C or kill: the runs of the other threads stop too
-                raise
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
+def _write_report(config: TaskConfig, results: list[dict], args: argparse.Namespace, folds: list[int] | None,
+                  out: Path) -> None:
+    """OUT/report.json, report.md and dev-curves.png; the Markdown is printed too."""
     summary = summarize(config, results, args.reference or args.archs[0])
     summary["split"] = args.split or ("held-out fold" if folds else "test")
     summary["runs"] = [{"run": r["run"], "arch": r["arch"], "seed": r["seed"], "fold": r["fold"],
@@ -116,6 +94,47 @@ def _main() -> None:
     plot_dev_curves(summary["runs"], config.metric, f"{config.name}: dev {config.metric} (mean, band: min to max "
                     "over runs)", out / "dev-curves.png")
     print(report_markdown(summary))
+
+
+def _main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    if len(set(args.archs)) != len(args.archs) or len(set(args.seeds)) != len(args.seeds):
+        parser.error("--archs and --seeds must not repeat")
+    if args.max_update is not None and args.max_update <= 0:
+        parser.error("--max-update must be positive")
+    try:
+        extra = shlex.split(args.extra_args)
+    except ValueError as exc:
+        parser.error(f"--extra-args: {exc}")
+    try:
+        config = load_task_config(args.config)
+        manifest = read_manifest(args.data)
+    except (ExperimentError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    if manifest["dataset"] != config.dataset:
+        parser.error(f"{args.data} holds {manifest['dataset']!r} but {args.config} is for {config.dataset!r}")
+    _check_archs(parser, args.archs)
+    folds = _folds(parser, args, manifest)
+    out, data = args.out.resolve(), args.data.resolve()
+    try:
+        check_options(config, args.archs, data, extra)
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
+
+    def one(run):
+        return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)
+
+    try:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            try:
+                results = list(pool.map(one, plan_runs(args.archs, args.seeds, folds)))
+            except BaseException:
+                stop_children()  # Ctrl-C or kill: the runs of the other threads stop too
+                raise
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
+    _write_report(config, results, args, folds, out)
 
 
 def main() -> None:

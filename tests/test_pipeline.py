@@ -66,8 +66,8 @@ def test_pipeline_writes_every_stage(finished):
     assert "4/4 significance report" in proc.stdout
     for system in ("tiny_transformer", "tiny_mtsa"):  # progress while training, from every run
         for seed in (1, 2):
-            assert re.search(rf"\[pipeline\]   {system} seed {seed}: 150/150 updates \(100%\), \d+m\d\ds elapsed",
-                             proc.stdout), proc.stdout
+            line = rf"\[pipeline\]   {system} seed {seed}: 150/150 updates \(100%\), \d\d:\d\d elapsed, ETA 00:00"
+            assert re.search(line, proc.stdout), proc.stdout
 
 
 def test_rerun_reuses_everything(finished):

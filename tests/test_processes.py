@@ -73,6 +73,7 @@ def test_update_progress_reports_at_most_every_interval_and_at_the_end():
     progress("train_inner | epoch 001: 200 / 154 loss=2.4, num_updates=200, lr=0.5")  # within the interval
     progress("a line without updates")
     progress("train | epoch 002 | loss 2.1 | num_updates 300 | lr 0.5")
+    progress("train | epoch 002 | done training | num_updates 300")  # the end is reported once
     assert len(lines) == 2 and all(line.startswith(PROGRESS_PREFIX) for line in lines)
     assert lines[0].startswith("[progress] trec seed 1: 150/300 updates (50%), 00:00 elapsed, ETA ")
     assert lines[1].startswith("[progress] trec seed 1: 300/300 updates (100%), ") and lines[1].endswith("ETA 00:00")

@@ -196,7 +196,7 @@ _NUM_UPDATES = re.compile(r"num_updates[= ](\d+)")
 
 
 class UpdateProgress:
-    """Reads fairseq-train's output lines and reports, at most every ``every`` seconds and when the budget is
+    """Reads fairseq-train's output lines and reports, at most every ``every`` seconds and once when the budget is
     reached, ``[progress] LABEL: 150/300 updates (50%), 01:02 elapsed, ETA 01:02`` (tqdm's meter, one line per
     report because the output goes to logs and pipes; the rate is this session's, so a resumed run's ETA does not
     count the updates it started with)."""
@@ -206,6 +206,7 @@ class UpdateProgress:
         self.label, self.total, self.first, self.done, self.every, self.write = label, total, done, done, every, write
         self.start = time.monotonic()
         self.last_report: float | None = None
+        self.reported_end = False
 
     def __call__(self, line: str) -> None:
         found = _NUM_UPDATES.findall(line)
@@ -213,8 +214,10 @@ class UpdateProgress:
             return
         self.done = int(found[-1])
         now = time.monotonic()
-        if self.last_report is None or now - self.last_report >= self.every or self.done >= self.total:
+        end = self.done >= self.total and not self.reported_end
+        if self.last_report is None or now - self.last_report >= self.every or end:
             self.last_report = now
+            self.reported_end |= self.done >= self.total
             self.write(self.line(now))
 
     def line(self, now: float) -> str:

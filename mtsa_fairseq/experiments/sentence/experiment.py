@@ -319,8 +319,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
 
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, title: str, path: Path) -> None:
     """Dev ``metric`` against updates per architecture (PNG): the mean over runs (seeds, or seeds x folds) at
-    each validation step that every run of that architecture reached, and the band from their lowest to
-    their highest value."""
+    each validation step that every run of that architecture reached, the band from their lowest to their
+    highest value there, and each run's own curve as a thin line to where it stopped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -337,6 +337,8 @@ def plot_dev_curves(runs: list[dict[str, Any]], metric: str, title: str, path: P
         line, = ax.plot(steps, values.mean(axis=0), label=f"{arch.removesuffix('_encoder')} (n = {len(per_run)})")
         if len(per_run) > 1:
             ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.2)
+            for curve in per_run:  # each run to its own end (runs stopped early end sooner)
+                ax.plot(sorted(curve), [curve[u] for u in sorted(curve)], color=line.get_color(), lw=0.6, alpha=0.4)
     ax.set_xlabel("updates")
     ax.set_ylabel(f"dev {metric}")
     ax.set_title(title, fontsize=9)

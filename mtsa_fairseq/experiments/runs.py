@@ -89,6 +89,12 @@ def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
         bool(record.get("early_stopped")) and record.get("max_update") == max_update)
 
 
+def record_interrupted(run_dir: Path, record: dict[str, Any], start: float) -> None:
+    """Write ``record`` as interrupted, adding the session begun at ``start`` (``time.monotonic()``)."""
+    write_run(run_dir, {**record, "status": "interrupted",
+                        "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
+
+
 def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_mb: float | None,
                log: Callable[[str], None] = print, output: str = "") -> dict[str, Any]:
     """Fill run.json after a training session: updates, throughput, time, averaging, status. A session whose

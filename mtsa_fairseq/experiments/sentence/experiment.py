@@ -34,7 +34,14 @@ import numpy as np
 
 from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, read_json
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
-from mtsa_fairseq.experiments.runs import checkpoint_updates, finish_run, mean_train_wps, previous_run, write_run
+from mtsa_fairseq.experiments.runs import (
+    checkpoint_updates,
+    finish_run,
+    mean_train_wps,
+    previous_run,
+    record_interrupted,
+    write_run,
+)
 from mtsa_fairseq.experiments.significance import SignificanceError, t_test
 from mtsa_fairseq.experiments.translation.plan import find_executable
 from mtsa_fairseq.experiments.translation.train_config import (
@@ -178,17 +185,12 @@ def _execute(command: list[str], run_dir: Path, record: dict[str, Any], threads:
     try:
         code, peak_mb, output = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
     except BaseException:
-        _record_interrupted(run_dir, record, start)
+        record_interrupted(run_dir, record, start)
         raise
     if code < 0:  # stopped by a signal: with --jobs > 1 the experiment's own SIGTERM or Ctrl-C arrives this way
-        _record_interrupted(run_dir, record, start)
+        record_interrupted(run_dir, record, start)
         raise ExperimentError(f"{run_dir}: fairseq-train stopped by signal {-code}; rerun to resume")
     return finish_run(run_dir, code, time.monotonic() - start, round(peak_mb, 1), log=lambda _: None, output=output)
-
-
-def _record_interrupted(run_dir: Path, record: dict[str, Any], start: float) -> None:
-    write_run(run_dir, {**record, "status": "interrupted",
-                        "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
 
 
 def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,

@@ -27,6 +27,7 @@ from mtsa_fairseq.experiments.runs import (
     finish_run,
     is_done,
     previous_run,
+    record_interrupted,
     write_run,
 )
 from mtsa_fairseq.experiments.translation import slurm
@@ -131,8 +132,7 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
         returncode, peak_mb, output = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock,
                                                  on_line=progress)
     except BaseException:
-        write_run(run.run_dir, {**record, "status": "interrupted",
-                                "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
+        record_interrupted(run.run_dir, record, start)
         raise
     if resumed_from and "Loaded checkpoint" not in output:
         log(f"warning: seed {run.seed}: fairseq did not report loading {run.run_dir / 'checkpoint_last.pt'}")

@@ -152,7 +152,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
         config = load_config(config_path)
     except ConfigError as err:
         raise LaunchError(str(err)) from None
-    _check_options(options, seeds, dry_run)
+    _check_options(options, seeds)
     source = resolve_data(data)
     extra = list(options.extra_args)
     _check_extra_args(extra)
@@ -191,7 +191,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
     return Plan(config, options, nnodes, nproc, cpu, env, runs, view, warnings)
 
 
-def _check_options(options: LaunchOptions, seeds: list[int], dry_run: bool) -> None:
+def _check_options(options: LaunchOptions, seeds: list[int]) -> None:
     if options.launcher not in LAUNCHERS:
         raise LaunchError(f"unknown launcher {options.launcher!r} (choose from {', '.join(LAUNCHERS)})")
     if not seeds:

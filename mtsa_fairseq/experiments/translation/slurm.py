@@ -30,15 +30,15 @@ class SeedJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> int:
         """Train (task 0 under the run's lock, recording run.json); returns fairseq's exit status (0)."""
-        output = ""
+        job, output = submitit.JobEnvironment(), ""
         if (checkpoint_updates(self.run_dir / "checkpoint_last.pt") or 0) >= self.max_update:
             returncode = 0  # finished before a requeue: every task sees the same checkpoint and skips fairseq
-        elif submitit.JobEnvironment().global_rank != 0:
+        elif job.global_rank != 0:
             returncode = run_logged(self.command, None, self.env)[0]
         else:
             with RunLock(self.run_dir / ".lock", f"run {self.run_dir}").acquire(LaunchError) as lock:
-                returncode, output = self._train(lock)
-        if submitit.JobEnvironment().global_rank == 0:
+                returncode, output = self._train(lock, job.job_id)
+        if job.global_rank == 0:
             record = record_finish(self.run_dir, returncode, output=output)
             if record["status"] != "done":
                 raise LaunchError(f"{self.run_dir}: {record['error']}")
@@ -46,8 +46,8 @@ class SeedJob(submitit.helpers.Checkpointable):
             raise LaunchError(f"{self.run_dir}: fairseq-train exited with {returncode}")
         return returncode
 
-    def _train(self, lock: RunLock) -> tuple[int, str]:
-        record_start(self.run_dir, slurm_job=submitit.JobEnvironment().job_id)
+    def _train(self, lock: RunLock, job_id: str) -> tuple[int, str]:
+        record_start(self.run_dir, slurm_job=job_id)
         try:
             returncode, _, output = run_logged(self.command, self.run_dir / "train.log", self.env, lock)
             return returncode, output

@@ -28,7 +28,8 @@ from mtsa_fairseq.modules.mtsa_reference import mtsa_literal  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 DEVICE = "cuda" if ON_GPU else "cpu"
 B, H, L, DK, DV = 2, 2, 33, 12, 20  # three query and key blocks of 16 under the interpreter; padded head dims
-BLOCK = mtsa_triton._config(DK, DV)["BLOCK_M"]
+# the largest tile a kernel may use: fixed under the interpreter, autotuned among _TILES on a GPU
+BLOCK = max(max(t[:2]) for t in mtsa_triton._TILES) if ON_GPU else mtsa_triton._config(DK, DV)["BLOCK_M"]
 
 
 def make_inputs(length=L, dv=DV, scale=1.0):
@@ -77,6 +78,45 @@ def test_matches_literal_float32(t2t, direction, include_self):
     out = mtsa_core(*inputs, pad.to(DEVICE), direction, include_self, t2t, kernel="triton")
     ref = mtsa_literal(*ref_inputs, pad, direction, include_self, t2t)
     compare(out, ref, inputs, ref_inputs, 1e-5)
+
+
+@pytest.mark.parametrize("t2t,direction,include_self", [("exp", "bi", False), ("sigmoid", None, True)])
+def test_deterministic_mode_computes_dq_in_a_second_kernel(t2t, direction, include_self, monkeypatch):
+    """Under ``torch.use_deterministic_algorithms(True)`` dq comes from the per-query-block kernel instead of
+    atomic sums: launched only then, and equal to the literal (as every gradient); twice the same bits."""
+    launched = []
+    monkeypatch.setattr(mtsa_triton, "_BWD_Q", _Spy(mtsa_triton._BWD_Q, launched))
+    ref_inputs = make_inputs()
+    pad = padding()
+    ref = mtsa_literal(*ref_inputs, pad, direction, include_self, t2t)
+    grad = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, ref_inputs, grad)
+    modes, results = (False, True, True), []
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        for i, deterministic in enumerate(modes):
+            torch.use_deterministic_algorithms(deterministic, warn_only=True)
+            inputs = on_device(ref_inputs)
+            out = mtsa_core(*inputs, pad.to(DEVICE), direction, include_self, t2t, kernel="triton")
+            grads = torch.autograd.grad(out, inputs, grad.to(DEVICE, out.dtype))
+            assert len(launched) == sum(modes[:i + 1])
+            for g, r in zip(grads, ref_grads):
+                assert max_rel(g, r) < 1e-5
+            results.append(grads[0])
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    assert torch.equal(results[1], results[2])
+
+
+class _Spy:
+    """A kernel launcher that records its launches."""
+
+    def __init__(self, kernel, launched):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(grid)
+        return self.kernel[grid]
 
 
 @pytest.mark.parametrize(
@@ -294,27 +334,37 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mtsa_fairseq.modules import mtsa_triton as mt
 
-consts = dict(DIRECTIONAL=True, INCLUDE_SELF=False, EXP=True, DROPOUT=True, HAS_PAD=True, PRECISION=None,
-              WIDEN_BF16=False, BLOCK_M=64, BLOCK_N=64, BLOCK_DK=64, BLOCK_DV=64)
-for fn, fp32 in ((mt._fwd_kernel, "Z M"), (mt._bwd_kv_kernel, "M DN DZ"), (mt._bwd_q_kernel, "M DN DZ")):
+every = dict(DIRECTIONAL=True, INCLUDE_SELF=False, EXP=True, DROPOUT=True, HAS_PAD=True, PRECISION=None,
+             WIDEN_BF16=False, FUSED_DQ=True, BLOCK_M=128, BLOCK_N=64, BLOCK_DK=64, BLOCK_DV=64)
+for fn, fp32 in ((mt._fwd_kernel, "Z M"), (mt._bwd_kv_kernel, "M DN DZ DQ"), (mt._bwd_q_kernel, "M DN DZ")):
+    consts = {name: value for name, value in every.items() if name in fn.arg_names}
+
     def kind(name):
         if name in consts:
             return "constexpr"
         if name == "PAD":
             return "*u8"
-        if name.isupper() and name not in ("H", "LQ", "LK", "DK", "DV"):
+        if name.isupper() and name not in ("H", "LQ", "LK", "DK", "DV", "LEN_BUCKET"):
             return "*fp32" if name in fp32.split() else "*fp16"
         return {"keep": "fp32", "scale": "fp32", "seed": "i64"}.get(name, "i32")
     source = ASTSource(fn, {name: kind(name) for name in fn.arg_names}, constexprs=consts)
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
+# the autotuners built for CUDA: every tile for heads up to 64 wide, tiles of at most 64 above; dq zeroed per trial
+for tuner in (mt._FWD, mt._BWD_KV, mt._BWD_Q):
+    tuner.nargs = {}  # set by a launch
+    assert len(tuner.prune_configs(dict(BLOCK_DK=64, BLOCK_DV=64))) == len(mt._TILES)
+    wide = tuner.prune_configs(dict(BLOCK_DK=128, BLOCK_DV=64))
+    assert wide and all(max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= 64 for c in wide)
+assert mt._BWD_KV.reset_to_zero == ["DQ"]
 print("compiled")
 """
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU every other test compiles the kernels")
 def test_kernels_compile_for_a_gpu(tmp_path):
-    """The interpreter accepts more than the compiler: compile the three kernels (fp16, every mask and
-    dropout on) down to sm_90 machine code with the ptxas that ships in Triton's wheel, no GPU needed."""
+    """The interpreter accepts more than the compiler: compile the three kernels (fp16, every mask, dropout
+    and the atomic dq on) down to sm_90 machine code with the ptxas that ships in Triton's wheel, no GPU
+    needed; and build their CUDA autotuners."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, timeout=600, env=env)

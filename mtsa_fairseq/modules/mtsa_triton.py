@@ -19,8 +19,11 @@ the saved ``out``, ``Z`` and ``m`` (no ``[B, H, L, L]`` tensor), with ``dN = dO 
     dS   = P * dP   (exp)   |   P (1 - P) dP   (sigmoid)
     dq   = dS @ k / sqrt(d_k),   dk = dS^T @ q / sqrt(d_k),   dNV = (P D / keep)^T @ dN,   dE_S = P^T @ dZ
 
-in one kernel per key block (dk, dE_S, dNV) and one per query block (dq), without atomics. Inputs are
-fp16, bf16 or fp32 (fp32 products in IEEE precision, not TF32); accumulation is fp32. Without a GPU the
+in one kernel per key block (dk, dE_S, dNV), which also adds each block's share of dq atomically into an fp32
+buffer; under ``torch.use_deterministic_algorithms(True)`` a second kernel per query block computes dq instead
+(recomputing ``P`` and ``dP``, in a fixed order). Inputs are fp16, bf16 or fp32 (fp32 products in IEEE
+precision, not TF32); accumulation is fp32. On CUDA the tiles (block sizes, warps, pipeline stages) are
+autotuned once per length bucket, head widths, masks and dtypes. Without a GPU the
 kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (the variable must be set before this module is
 imported).
 """
@@ -88,7 +91,7 @@ def _weights(s, ok, m, scale, EXP: tl.constexpr):
 @triton.jit
 def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
                 sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
-                H, LQ, LK, DK, DV, n_forward, seed, keep, scale,
+                H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                 DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                 HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
@@ -150,11 +153,11 @@ def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV,
+def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
                    sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
-                   H, LQ, LK, DK, DV, n_forward, seed, keep, scale,
+                   H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                    DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
-                   HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+                   HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr, FUSED_DQ: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     bh = tl.program_id(0)
     start_n = tl.program_id(1) * BLOCK_N
@@ -206,6 +209,10 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV,
         dp = dp_num + _dot(dz, tl.trans(es), PRECISION, WIDEN_BF16)
         ds = p * dp if EXP else p * (1.0 - p) * dp
         dkey += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, WIDEN_BF16)
+        if FUSED_DQ:  # this key block's share of dq, summed over the key blocks in fp32 (order not fixed)
+            tl.atomic_add(DQ + bh * LQ * DK + offs_m[:, None] * DK + offs_dk[None, :],
+                          _dot(ds.to(k.dtype), k, PRECISION, WIDEN_BF16) * scale,
+                          mask=rows[:, None] & (offs_dk[None, :] < DK), sem="relaxed")
     tile_k = bh * LK * DK + offs_n[:, None] * DK + offs_dk[None, :]
     tile_v = bh * LK * DV + offs_n[:, None] * DV + offs_dv[None, :]
     tl.store(DKEY + tile_k, (dkey * scale).to(DKEY.dtype.element_ty), mask=key_mask)
@@ -216,7 +223,7 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV,
 @triton.jit
 def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
                   sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
-                  H, LQ, LK, DK, DV, n_forward, seed, keep, scale,
+                  H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                   DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                   HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
@@ -267,13 +274,45 @@ def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
              mask=query_mask)
 
 
-def _config(d_k: int, d_v: int) -> dict:
-    """Block sizes and launch settings (CUDA ones not yet tuned on hardware)."""
-    dims = dict(BLOCK_DK=max(16, triton.next_power_of_2(d_k)), BLOCK_DV=max(16, triton.next_power_of_2(d_v)))
+# CUDA tiles tried by autotuning: (BLOCK_M, BLOCK_N, num_warps, num_stages); the first two were the fixed choices
+# before tuning (64 x 64 for head widths up to 64, 32 x 32 above). Heads wider than 64 keep tiles of at most 64.
+_TILES = ((64, 64, 4, 2), (32, 32, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (64, 128, 8, 3),
+          (128, 32, 4, 3), (32, 128, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3))
+# one tuning per length bucket (the next power of two), head widths, masks, dropout and dtypes (added by Triton)
+_TUNING_KEY = ["LEN_BUCKET", "BLOCK_DK", "BLOCK_DV", "DIRECTIONAL", "INCLUDE_SELF", "EXP", "DROPOUT", "HAS_PAD",
+               "FUSED_DQ"]
+
+
+def _fitting_tiles(configs: list, named_args: dict, **kwargs) -> list:
+    """Autotuning's pruning: heads wider than 64 only try tiles of at most 64 x 64."""
+    if max(kwargs["BLOCK_DK"], kwargs["BLOCK_DV"]) <= 64:
+        return configs
+    return [c for c in configs if max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= 64]
+
+
+def _tuned(kernel: triton.JITFunction, reset_to_zero: list[str] | None = None):
+    """``kernel`` autotuned over ``_TILES`` on CUDA; as it is under the interpreter (``_config``'s tiles)."""
     if INTERPRETED:
-        return dict(BLOCK_M=16, BLOCK_N=16, **dims)
-    block = 64 if max(d_k, d_v) <= 64 else 32
-    return dict(BLOCK_M=block, BLOCK_N=block, num_warps=4, num_stages=2, **dims)
+        return kernel
+    configs = [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=st) for m, n, w, st in _TILES]
+    key = [name for name in _TUNING_KEY if name in kernel.arg_names]
+    return triton.autotune(configs, key=key, prune_configs_by=dict(early_config_prune=_fitting_tiles),
+                           reset_to_zero=reset_to_zero)(kernel)
+
+
+_FWD = _tuned(_fwd_kernel)
+_BWD_KV = _tuned(_bwd_kv_kernel, reset_to_zero=["DQ"])  # DQ accumulates atomically: zeroed before each trial
+_BWD_Q = _tuned(_bwd_q_kernel)
+
+
+def _config(d_k: int, d_v: int) -> dict:
+    """Head-width blocks, and under the interpreter fixed 16 x 16 tiles (on CUDA autotuning picks the tiles)."""
+    dims = dict(BLOCK_DK=max(16, triton.next_power_of_2(d_k)), BLOCK_DV=max(16, triton.next_power_of_2(d_v)))
+    return dict(BLOCK_M=16, BLOCK_N=16, **dims) if INTERPRETED else dims
+
+
+def _grid(batch_heads: int, length: int, block: str):
+    return lambda meta: (batch_heads, triton.cdiv(length, meta[block]))
 
 
 def _strides(*tensors: Tensor) -> list[int]:
@@ -303,10 +342,11 @@ class _MTSAFunction(torch.autograd.Function):
         flags = dict(DIRECTIONAL=directional, INCLUDE_SELF=include_self, EXP=exp, DROPOUT=dropout,
                      HAS_PAD=pad is not None, PRECISION="ieee" if q.dtype == torch.float32 else None,
                      WIDEN_BF16=INTERPRETED and q.dtype == torch.bfloat16)
-        scalars = (heads, q_len, k_len, d_k, d_v, n_forward, seed, keep, 1.0 / math.sqrt(d_k))
+        scalars = (heads, q_len, k_len, d_k, d_v, n_forward, seed, keep, 1.0 / math.sqrt(d_k),
+                   triton.next_power_of_2(max(q_len, k_len)))
         strides = _strides(q, k, e_s, num_values)
-        grid = (batch * heads, triton.cdiv(q_len, config["BLOCK_M"]))
-        _fwd_kernel[grid](q, k, e_s, num_values, pad_u8, out, z, m, *strides, *scalars, **flags, **config)
+        _FWD[_grid(batch * heads, q_len, "BLOCK_M")](q, k, e_s, num_values, pad_u8, out, z, m, *strides, *scalars,
+                                                     **flags, **config)
         ctx.save_for_backward(q, k, e_s, num_values, pad_u8, out, z, m)
         ctx.launch = (strides, scalars, flags, config)
         ctx.mark_non_differentiable(z)
@@ -323,16 +363,19 @@ class _MTSAFunction(torch.autograd.Function):
         d_den = torch.where(positive, -d_num * out.float(), torch.zeros_like(z)).contiguous()
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         des = torch.empty(e_s.shape, dtype=e_s.dtype, device=e_s.device)
         dnv = torch.empty(num_values.shape, dtype=num_values.dtype, device=num_values.device)
         inputs = (q, k, e_s, num_values, pad_u8, m, d_num, d_den)
-        grid_kv = (batch * heads, triton.cdiv(k_len, config["BLOCK_N"]))
-        _bwd_kv_kernel[grid_kv](*inputs, dk, des, dnv, *strides, *scalars, **flags, **config)
-        grid_q = (batch * heads, triton.cdiv(q_len, config["BLOCK_M"]))
-        _bwd_q_kernel[grid_q](*inputs, dq, *strides, *scalars, **flags, **config)
-        return dq, dk, des, dnv, None, None, None, None, None, None
+        # dq: summed atomically over the key blocks by the same kernel (one pass, in an order that varies), or
+        # by a second kernel per query block that recomputes P (deterministic, as torch's deterministic mode asks)
+        fused = not torch.are_deterministic_algorithms_enabled()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if fused else torch.empty_like(q)
+        _BWD_KV[_grid(batch * heads, k_len, "BLOCK_N")](*inputs, dk, des, dnv, dq, *strides, *scalars, **flags,
+                                                        FUSED_DQ=fused, **config)
+        if not fused:
+            _BWD_Q[_grid(batch * heads, q_len, "BLOCK_M")](*inputs, dq, *strides, *scalars, **flags, **config)
+        return dq.to(q.dtype), dk, des, dnv, None, None, None, None, None, None
 
 
 def mtsa_triton(

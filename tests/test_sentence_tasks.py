@@ -169,6 +169,28 @@ def test_cross_validation_folds(tmp_path):
     assert result["cv_fold"] == 3 and result["num_examples"] == folds.count(3) == 10
     other = evaluate(save / "checkpoint_last.pt", tmp_path / "fold5.json", "--split", "valid", "--cv-fold", "5")
     assert other["cv_fold"] == 5 and other["num_examples"] == folds.count(5)
+    # the experiment over folds: each run held out on its fold, the report pairs the architectures by fold
+    config = tmp_path / "cr_small.yaml"
+    config.write_text(
+        "name: cr_small\ndataset: cr\nmetric: accuracy\ndescription: test\nfairseq:\n"
+        "  criterion: sentence_encoding\n  optimizer: adam\n  lr: 0.005\n  batch-size: 16\n  max-update: 6\n"
+        "  validate-interval-updates: 3\n  save-interval-updates: 3\n  best-checkpoint-metric: accuracy\n"
+        "  maximize-best-checkpoint-metric: true\n  embed-dim: 16\n  encoder-hidden-dim: 8\n"
+        "  classifier-hidden-dim: 8\n  num-workers: 0\n  log-format: simple\n  no-epoch-checkpoints: true\n")
+    run(sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data", str(data),
+        "--archs", "mtsa_encoder", "multi_cnn_encoder", "--seeds", "1", "--folds", "0", "1", "--out",
+        str(tmp_path / "exp"), "--cpu")
+    report = json.loads((tmp_path / "exp" / "report.json").read_text())
+    assert {(r["arch"], r["fold"], r["split"]) for r in report["runs"]} == {
+        (a, f, "valid") for a in ("mtsa_encoder", "multi_cnn_encoder") for f in (0, 1)}
+    cv = report["cross_validation"]
+    for arch in ("mtsa_encoder", "multi_cnn_encoder"):
+        runs = [r for r in report["runs"] if r["arch"] == arch]
+        assert cv["archs"][arch]["runs"] == 2
+        assert cv["archs"][arch]["last"]["mean"] == pytest.approx(sum(r["dev_curve"][-1][1] for r in runs) / 2)
+        assert cv["archs"][arch]["best"]["mean"] == pytest.approx(sum(r["metrics"]["accuracy"] for r in runs) / 2)
+    assert set(cv["paired_vs_reference"]["multi_cnn_encoder"]) == {"best", "last"}
+    assert "### Cross-validation" in (tmp_path / "exp" / "report.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------- driver

@@ -105,6 +105,51 @@ def test_t_test_rejects_single_runs_and_zero_variance():
         significance.t_test([1.0, 1.0], [2.0, 2.0])
 
 
+def test_paired_t_test_matches_scipy_and_the_differences():
+    baseline, system = [80.1, 78.4, 82.0, 79.5, 81.2], [81.0, 79.9, 82.4, 81.5, 81.1]
+    ours = significance.paired_t_test(baseline, system)
+    diff = [b - a for a, b in zip(baseline, system)]
+    assert ours.t == pytest.approx(statistics.mean(diff) / (statistics.stdev(diff) / math.sqrt(5)), rel=1e-12)
+    assert ours.t == pytest.approx(stats.ttest_rel(system, baseline).statistic, rel=1e-12)
+    assert (ours.n, ours.df) == (5, 4) and ours.mean_difference == pytest.approx(statistics.mean(diff))
+    assert ours.p_greater == pytest.approx(stats.t.sf(ours.t, 4), rel=1e-10)
+    assert ours.p_two_sided == pytest.approx(2 * ours.p_greater, rel=1e-10)
+    # unpaired, the same numbers are far from significant: the pairing removes the units' own spread
+    assert significance.t_test(baseline, system).p_two_sided > 0.2 > 0.1 > ours.p_two_sided
+    with pytest.raises(significance.SignificanceError, match="matched units"):
+        significance.paired_t_test([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(significance.SignificanceError, match="same"):
+        significance.paired_t_test([1.0, 2.0], [2.0, 3.0])
+
+
+def test_cross_validation_summary_pairs_runs_by_fold():
+    """Best (held-out-selected) and last-update accuracy per architecture over its folds, and paired t-tests
+    over the folds both architectures have."""
+    from mtsa_fairseq.experiments.sentence.experiment import TaskConfig, report_markdown, summarize
+
+    config = TaskConfig(path=Path("cv.yaml"), name="cv", dataset="cr", metric="accuracy", fairseq={}, arch_overrides={})
+    best = {"mtsa_encoder": [81.0, 83.0, 80.0, 82.0], "multi_head_encoder": [80.0, 81.5, 79.0, 80.5]}
+    last = {"mtsa_encoder": [78.0, 79.0, 77.0, 76.0], "multi_head_encoder": [79.0, 78.0, 77.5, 77.5]}
+    results = [{"run": f"{arch}_seed1_fold{fold}", "arch": arch, "seed": 1, "fold": fold,
+                "metrics": {"accuracy": best[arch][fold]}, "dev_curve": [[100, 70.0], [200, last[arch][fold]]]}
+               for arch in best for fold in range(4)]
+    summary = summarize(config, results, "mtsa_encoder")
+    cv = summary["cross_validation"]
+    assert cv["archs"]["mtsa_encoder"]["best"]["mean"] == pytest.approx(81.5)
+    assert cv["archs"]["multi_head_encoder"]["last"]["mean"] == pytest.approx(78.0)
+    assert cv["archs"]["mtsa_encoder"]["last"]["std"] == pytest.approx(statistics.stdev(last["mtsa_encoder"]))
+    test = cv["paired_vs_reference"]["multi_head_encoder"]
+    ref = stats.ttest_rel(best["mtsa_encoder"], best["multi_head_encoder"])
+    assert test["best"]["t"] == pytest.approx(ref.statistic)
+    assert test["best"]["p_two_sided"] == pytest.approx(ref.pvalue)
+    assert test["best"]["difference"] == pytest.approx(1.25) and test["last"]["difference"] == pytest.approx(-0.5)
+    assert "error" in summary["welch_vs_reference"]["multi_head_encoder"]  # one seed: no t-test over seeds
+    assert "| multi_head_encoder | 4 | 80.25 ± 1.04 | 78.00 ± 0.71 | +1.25 |" in report_markdown(summary)
+    # a fold only one architecture has is left out of the pairing
+    summary = summarize(config, results[:-1], "mtsa_encoder")
+    assert summary["cross_validation"]["paired_vs_reference"]["multi_head_encoder"]["best"]["n"] == 3
+
+
 def test_paired_tests_are_deterministic_and_match_sacrebleu(results, monkeypatch):
     _, files = results
     base, mtsa = _load(files["base"][0]), _load(files["mtsa"][0])

@@ -138,6 +138,39 @@ def t_test(baseline: Sequence[float], system: Sequence[float], test: str = "welc
     )
 
 
+@dataclass(frozen=True)
+class PairedTTestResult:
+    """A paired t-test of system vs baseline over matched units (e.g. cross-validation folds)."""
+
+    n: int
+    mean_difference: float
+    std_difference: float
+    t: float
+    df: int
+    p_two_sided: float
+    p_greater: float
+
+
+def paired_t_test(baseline: Sequence[float], system: Sequence[float]) -> PairedTTestResult:
+    """The t-test of the per-unit differences ``system - baseline`` (``scipy.stats.ttest_rel``); ``p_greater``
+    is for the alternative system > baseline."""
+    from scipy import stats
+
+    a, b = np.asarray(baseline, dtype=float), np.asarray(system, dtype=float)
+    if len(a) != len(b):
+        raise SignificanceError(f"a paired t-test needs matched units, got {len(a)} and {len(b)}")
+    if len(a) < 2:
+        raise SignificanceError(f"a paired t-test needs at least 2 matched units, got {len(a)}")
+    diff = b - a
+    if diff.std() == 0:
+        raise SignificanceError("every difference is the same: the t statistic is undefined")
+    two_sided = stats.ttest_rel(b, a)
+    greater = stats.ttest_rel(b, a, alternative="greater")
+    return PairedTTestResult(n=len(a), mean_difference=float(diff.mean()), std_difference=float(diff.std(ddof=1)),
+                             t=float(two_sided.statistic), df=len(a) - 1, p_two_sided=float(two_sided.pvalue),
+                             p_greater=float(greater.pvalue))
+
+
 @contextlib.contextmanager
 def _sacrebleu_seed(seed: int) -> Iterator[None]:
     old = os.environ.get("SACREBLEU_SEED")

@@ -16,7 +16,8 @@ launcher's run record: status, command, time, updates, throughput, peak memory) 
 into ``OUT/results/<arch>_seed<k>[_fold<f>].json``. Finished runs (result file present) are skipped and
 interrupted ones resume from ``checkpoint_last.pt``. The report gives each architecture's mean and standard
 deviation over seeds (for CV: per seed, the mean over folds) and Welch's t-test of the reference architecture
-against each other one.
+against each other one; for CV also the held-out metric of the best and of the last checkpoint over all runs,
+with paired t-tests over the folds (:func:`cross_validation`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from mtsa_fairseq.experiments.runs import (
     record_interrupted,
     write_run,
 )
-from mtsa_fairseq.experiments.significance import SignificanceError, t_test
+from mtsa_fairseq.experiments.significance import SignificanceError, paired_t_test, t_test
 from mtsa_fairseq.experiments.translation.plan import find_executable
 from mtsa_fairseq.experiments.translation.train_config import (
     USER_DIR,
@@ -292,8 +293,48 @@ def summarize(config: TaskConfig, results: list[dict[str, Any]], reference: str)
                 continue
             tests[arch] = {"t": stats.t, "df": stats.df, "p_two_sided": stats.p_two_sided,
                            "p_greater": stats.p_greater, "difference": stats.mean_system - stats.mean_baseline}
-    return {"experiment": config.name, "dataset": config.dataset, "metric": config.metric, "reference": reference,
-            "archs": archs, "welch_vs_reference": tests}
+    summary = {"experiment": config.name, "dataset": config.dataset, "metric": config.metric,
+               "reference": reference, "archs": archs, "welch_vs_reference": tests}
+    if any(result.get("fold") is not None for result in results):
+        summary["cross_validation"] = cross_validation(config, results, reference)
+    return summary
+
+
+def cross_validation(config: TaskConfig, results: list[dict[str, Any]], reference: str) -> dict[str, Any]:
+    """Cross-validation per architecture over its (seed, fold) runs: the held-out metric of the best checkpoint
+    (``best``: selected on the held-out fold itself, the papers' protocol, hence optimistic) and after the last
+    update (``last``: no selection), mean and sd over runs; paired t-tests of ``reference`` against each other
+    architecture over the runs both have (matched by seed and fold)."""
+    runs: dict[str, dict[tuple[int, int], dict[str, float]]] = {}
+    for result in results:
+        curve = result.get("dev_curve") or []
+        if not curve:
+            raise ExperimentError(f"{result['run']} has no held-out curve: its last-update metric is unknown")
+        runs.setdefault(result["arch"], {})[(result["seed"], result["fold"])] = {
+            "best": result["metrics"][config.metric], "last": curve[-1][1]}
+    archs = {}
+    for arch, by_run in runs.items():
+        archs[arch] = {"runs": len(by_run)}
+        for kind in ("best", "last"):
+            values = [by_run[key][kind] for key in sorted(by_run)]
+            archs[arch][kind] = {"mean": float(np.mean(values)),
+                                 "std": float(np.std(values, ddof=1)) if len(values) > 1 else None}
+    tests: dict[str, Any] = {}
+    for arch in runs:
+        if arch == reference or reference not in runs:
+            continue
+        shared = sorted(set(runs[arch]) & set(runs[reference]))
+        tests[arch] = {}
+        for kind in ("best", "last"):
+            try:
+                stats = paired_t_test([runs[arch][key][kind] for key in shared],
+                                      [runs[reference][key][kind] for key in shared])
+            except SignificanceError as exc:
+                tests[arch][kind] = {"error": str(exc)}
+                continue
+            tests[arch][kind] = {"n": stats.n, "difference": stats.mean_difference, "t": stats.t, "df": stats.df,
+                                 "p_two_sided": stats.p_two_sided, "p_greater": stats.p_greater}
+    return {"archs": archs, "paired_vs_reference": tests}
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
@@ -316,7 +357,33 @@ def report_markdown(summary: dict[str, Any]) -> str:
             cells = (f"{test['difference']:+{f}} | {test['t']:.2f} | {test['df']:.1f} | {test['p_two_sided']:.3f} | "
                      f"{test['p_greater']:.3f}")
         lines.append(f"| {arch} | {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | {cells} |")
+    if "cross_validation" in summary:
+        lines += ["", *_cross_validation_markdown(summary["cross_validation"], metric, ref, f)]
     return "\n".join(lines) + "\n"
+
+
+def _cross_validation_markdown(cv: dict[str, Any], metric: str, ref: str, f: str) -> list[str]:
+    lines = [f"### Cross-validation: held-out {metric}, mean ± sd over runs (seeds x folds); paired t-test of "
+             f"{ref} vs each, matched by seed and fold", "",
+             "best: the best checkpoint on the held-out fold (the papers' protocol, which selects on that fold); "
+             "last: after the last update (no selection).", "",
+             f"| architecture | runs | best | last | {ref} − it (best) | p (best, two-sided) | {ref} − it (last) | "
+             "p (last, two-sided) |", "|---|---|---|---|---|---|---|---|"]
+    for arch, row in cv["archs"].items():
+        cells = [arch, str(row["runs"])]
+        for kind in ("best", "last"):
+            sd = "" if row[kind]["std"] is None else f" ± {row[kind]['std']:{f}}"
+            cells.append(f"{row[kind]['mean']:{f}}{sd}")
+        test = cv["paired_vs_reference"].get(arch)
+        for kind in ("best", "last"):
+            if test is None:
+                cells += ["—", "—"]
+            elif "error" in test[kind]:
+                cells += [test[kind]["error"], ""]
+            else:
+                cells += [f"{test[kind]['difference']:+{f}}", f"{test[kind]['p_two_sided']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, title: str, path: Path) -> None:

@@ -336,7 +336,7 @@ from mtsa_fairseq.modules import mtsa_triton as mt
 
 every = dict(DIRECTIONAL=True, INCLUDE_SELF=False, EXP=True, DROPOUT=True, HAS_PAD=True, PRECISION=None,
              WIDEN_BF16=False, FUSED_DQ=True, BLOCK_M=128, BLOCK_N=64, BLOCK_DK=64, BLOCK_DV=64)
-for fn, fp32 in ((mt._fwd_kernel, "Z M"), (mt._bwd_kv_kernel, "M DN DZ DQ"), (mt._bwd_q_kernel, "M DN DZ")):
+for fn, fp32 in ((mt._fwd_kernel, "Z M"), (mt._bwd_kv_kernel, "M Z DQ"), (mt._bwd_q_kernel, "M Z")):
     consts = {name: value for name, value in every.items() if name in fn.arg_names}
 
     def kind(name):

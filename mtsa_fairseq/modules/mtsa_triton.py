@@ -13,7 +13,8 @@ Per batch element, head and query block, the key blocks are streamed once with t
 
 Key blocks that a directional or causal rule excludes for the whole query block are never visited; queries
 sit at key positions ``L - L_q ...`` (incremental decoding). The backward recomputes ``P`` block by block from
-the saved ``out``, ``Z`` and ``m`` (no ``[B, H, L, L]`` tensor), with ``dN = dO / Z`` and ``dZ = -dO out / Z``::
+the saved ``out``, ``Z`` and ``m`` (no ``[B, H, L, L]`` tensor), with ``dN = dO / Z`` and ``dZ = -dO out / Z``
+formed per query block inside the kernels (``dO`` read with its own strides)::
 
     dP   = (dN @ NV^T) * D / keep + dZ @ E_S^T
     dS   = P * dP   (exp)   |   P (1 - P) dP   (sigmoid)
@@ -89,6 +90,19 @@ def _weights(s, ok, m, scale, EXP: tl.constexpr):
 
 
 @triton.jit
+def _output_grads(DO, OUT, Z, so_b, so_h, so_m, b, h, bh, offs_m, offs_dv, rows, LQ, DV):
+    """``dN = dO / Z`` and ``dZ = -dO out / Z`` (fp32, 0 where ``Z = 0``) for one block of queries, from the
+    output's gradient (any strides but the last), the output and ``Z``."""
+    mask = rows[:, None] & (offs_dv[None, :] < DV)
+    tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
+    do = tl.load(DO + b * so_b + h * so_h + offs_m[:, None] * so_m + offs_dv[None, :], mask=mask, other=0.0)
+    out = tl.load(OUT + tile, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(Z + tile, mask=mask, other=0.0)
+    dn = do.to(tl.float32) / tl.where(z > 0, z, 1.0)
+    return dn, tl.where(z > 0, -dn * out, 0.0)
+
+
+@triton.jit
 def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
                 sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
                 H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
@@ -153,8 +167,8 @@ def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
-                   sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
+def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DKEY, DES, DNV, DQ,
+                   sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n, so_b, so_h, so_m,
                    H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                    DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr, FUSED_DQ: tl.constexpr,
@@ -188,10 +202,9 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
         rows = offs_m < LQ
         q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :],
                     mask=rows[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        grad_tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
-        grad_mask = rows[:, None] & (offs_dv[None, :] < DV)
-        dn = tl.load(DN + grad_tile, mask=grad_mask, other=0.0).to(nv.dtype)
-        dz = tl.load(DZ + grad_tile, mask=grad_mask, other=0.0).to(es.dtype)
+        dn, dz = _output_grads(DO, OUT, Z, so_b, so_h, so_m, b, h, bh, offs_m, offs_dv, rows, LQ, DV)
+        dn = dn.to(nv.dtype)
+        dz = dz.to(es.dtype)
         m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
         s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
         ok = _allowed((offs_m + offset)[:, None], offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL,
@@ -221,8 +234,8 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
 
 
 @triton.jit
-def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
-                  sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
+def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DQ,
+                  sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n, so_b, so_h, so_m,
                   H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                   DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                   HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
@@ -238,10 +251,7 @@ def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
     rows = offs_m < LQ
     query_mask = rows[:, None] & (offs_dk[None, :] < DK)
     q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :], mask=query_mask, other=0.0)
-    grad_tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
-    grad_mask = rows[:, None] & (offs_dv[None, :] < DV)
-    dn = tl.load(DN + grad_tile, mask=grad_mask, other=0.0)
-    dz = tl.load(DZ + grad_tile, mask=grad_mask, other=0.0)
+    dn, dz = _output_grads(DO, OUT, Z, so_b, so_h, so_m, b, h, bh, offs_m, offs_dv, rows, LQ, DV)
     m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
     forward = h < n_forward
     q_pos = (offs_m + offset)[:, None]
@@ -356,17 +366,14 @@ class _MTSAFunction(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor, _grad_z: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, e_s, num_values, pad_u8, out, z, m = ctx.saved_tensors
         strides, scalars, flags, config = ctx.launch
-        positive = z > 0
-        # the kernels read these two with contiguous offsets; grad_out may arrive with any strides (a caller's
-        # permute), and elementwise results follow their inputs' layout
-        d_num = (grad_out.float() / torch.where(positive, z, torch.ones_like(z))).contiguous()
-        d_den = torch.where(positive, -d_num * out.float(), torch.zeros_like(z)).contiguous()
+        grad_out = _last_dim_contiguous(grad_out)  # any other strides (a caller's permute) are read as they are
+        strides = [*strides, *grad_out.stride()[:3]]
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         des = torch.empty(e_s.shape, dtype=e_s.dtype, device=e_s.device)
         dnv = torch.empty(num_values.shape, dtype=num_values.dtype, device=num_values.device)
-        inputs = (q, k, e_s, num_values, pad_u8, m, d_num, d_den)
+        inputs = (q, k, e_s, num_values, pad_u8, m, grad_out, out, z)
         # dq: summed atomically over the key blocks by the same kernel (one pass, in an order that varies), or
         # by a second kernel per query block that recomputes P (deterministic, as torch's deterministic mode asks)
         fused = not torch.are_deterministic_algorithms_enabled()

@@ -83,7 +83,8 @@ def test_matches_literal_float32(t2t, direction, include_self):
 @pytest.mark.parametrize("t2t,direction,include_self", [("exp", "bi", False), ("sigmoid", None, True)])
 def test_deterministic_mode_computes_dq_in_a_second_kernel(t2t, direction, include_self, monkeypatch):
     """Under ``torch.use_deterministic_algorithms(True)`` dq comes from the per-query-block kernel instead of
-    atomic sums: launched only then, and equal to the literal (as every gradient); twice the same bits."""
+    atomic sums: launched only then, and equal to the literal (as every gradient, for a q laid out as the module
+    hands it over); twice the same bits."""
     launched = []
     monkeypatch.setattr(mtsa_triton, "_BWD_Q", _Spy(mtsa_triton._BWD_Q, launched))
     ref_inputs = make_inputs()
@@ -97,6 +98,9 @@ def test_deterministic_mode_computes_dq_in_a_second_kernel(t2t, direction, inclu
         for i, deterministic in enumerate(modes):
             torch.use_deterministic_algorithms(deterministic, warn_only=True)
             inputs = on_device(ref_inputs)
+            # q as the module hands it over: [B, L, H, d] memory viewed as [B, H, L, d]
+            q = inputs[0].detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+            inputs = [q, *inputs[1:]]
             out = mtsa_core(*inputs, pad.to(DEVICE), direction, include_self, t2t, kernel="triton")
             grads = torch.autograd.grad(out, inputs, grad.to(DEVICE, out.dtype))
             assert len(launched) == sum(modes[:i + 1])

@@ -377,7 +377,7 @@ class _MTSAFunction(torch.autograd.Function):
         # dq: summed atomically over the key blocks by the same kernel (one pass, in an order that varies), or
         # by a second kernel per query block that recomputes P (deterministic, as torch's deterministic mode asks)
         fused = not torch.are_deterministic_algorithms_enabled()
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if fused else torch.empty_like(q)
+        dq = torch.zeros(q.shape, dtype=torch.float32 if fused else q.dtype, device=q.device)  # contiguous
         _BWD_KV[_grid(batch * heads, k_len, "BLOCK_N")](*inputs, dk, des, dnv, dq, *strides, *scalars, **flags,
                                                         FUSED_DQ=fused, **config)
         if not fused:

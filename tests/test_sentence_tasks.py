@@ -189,7 +189,7 @@ def test_cross_validation_folds(tmp_path):
         assert cv["archs"][arch]["runs"] == 2
         assert cv["archs"][arch]["last"]["mean"] == pytest.approx(sum(r["dev_curve"][-1][1] for r in runs) / 2)
         assert cv["archs"][arch]["best"]["mean"] == pytest.approx(sum(r["metrics"]["accuracy"] for r in runs) / 2)
-    assert set(cv["paired_vs_reference"]["multi_cnn_encoder"]) == {"best", "last"}
+    assert set(cv["paired_vs_reference"]["multi_cnn_encoder"]) == {"best", "chosen", "last"}
     assert "### Cross-validation" in (tmp_path / "exp" / "report.md").read_text()
 
 

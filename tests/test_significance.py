@@ -123,28 +123,35 @@ def test_paired_t_test_matches_scipy_and_the_differences():
 
 
 def test_cross_validation_summary_pairs_runs_by_fold():
-    """Best (held-out-selected) and last-update accuracy per architecture over its folds, and paired t-tests
-    over the folds both architectures have."""
+    """Per architecture over its folds: the held-out-selected best, the value at the update the other folds
+    choose, and the last; paired t-tests over the folds both architectures have."""
     from mtsa_fairseq.experiments.sentence.experiment import TaskConfig, report_markdown, summarize
 
     config = TaskConfig(path=Path("cv.yaml"), name="cv", dataset="cr", metric="accuracy", fairseq={}, arch_overrides={})
     best = {"mtsa_encoder": [81.0, 83.0, 80.0, 82.0], "multi_head_encoder": [80.0, 81.5, 79.0, 80.5]}
+    early = {"mtsa_encoder": [80.0, 82.0, 79.0, 81.0], "multi_head_encoder": [70.0, 71.0, 95.0, 72.0]}
     last = {"mtsa_encoder": [78.0, 79.0, 77.0, 76.0], "multi_head_encoder": [79.0, 78.0, 77.5, 77.5]}
     results = [{"run": f"{arch}_seed1_fold{fold}", "arch": arch, "seed": 1, "fold": fold,
-                "metrics": {"accuracy": best[arch][fold]}, "dev_curve": [[100, 70.0], [200, last[arch][fold]]]}
+                "metrics": {"accuracy": best[arch][fold]},
+                "dev_curve": [[100, early[arch][fold]], [150 + fold, 50.0], [200, last[arch][fold]]]}
                for arch in best for fold in range(4)]
     summary = summarize(config, results, "mtsa_encoder")
     cv = summary["cross_validation"]
     assert cv["archs"]["mtsa_encoder"]["best"]["mean"] == pytest.approx(81.5)
     assert cv["archs"]["multi_head_encoder"]["last"]["mean"] == pytest.approx(78.0)
     assert cv["archs"]["mtsa_encoder"]["last"]["std"] == pytest.approx(statistics.stdev(last["mtsa_encoder"]))
+    # MTSA's other folds always prefer update 100 (the 150 + fold steps are not shared, so never chosen).
+    # Multi-head's fold 2 peaks at 95 at update 100: that pulls the other folds' choice to update 100, while
+    # fold 2's own number comes from the others' choice (update 200: 77.5), never from its own peak.
+    assert cv["archs"]["mtsa_encoder"]["chosen"]["mean"] == pytest.approx(80.5)
+    assert cv["archs"]["multi_head_encoder"]["chosen"]["mean"] == pytest.approx(statistics.mean([70, 71, 77.5, 72]))
     test = cv["paired_vs_reference"]["multi_head_encoder"]
     ref = stats.ttest_rel(best["mtsa_encoder"], best["multi_head_encoder"])
     assert test["best"]["t"] == pytest.approx(ref.statistic)
     assert test["best"]["p_two_sided"] == pytest.approx(ref.pvalue)
     assert test["best"]["difference"] == pytest.approx(1.25) and test["last"]["difference"] == pytest.approx(-0.5)
     assert "error" in summary["welch_vs_reference"]["multi_head_encoder"]  # one seed: no t-test over seeds
-    assert "| multi_head_encoder | 4 | 80.25 ± 1.04 | 78.00 ± 0.71 | +1.25 |" in report_markdown(summary)
+    assert "| multi_head_encoder | 4 | 80.25 ± 1.04 |" in report_markdown(summary)
     # a fold only one architecture has is left out of the pairing
     summary = summarize(config, results[:-1], "mtsa_encoder")
     assert summary["cross_validation"]["paired_vs_reference"]["multi_head_encoder"]["best"]["n"] == 3

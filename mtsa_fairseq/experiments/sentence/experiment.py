@@ -325,7 +325,7 @@ def cross_validation(config: TaskConfig, results: list[dict[str, Any]], referenc
     for arch, by_run in curves.items():
         steps = sorted(set.intersection(*(set(curve) for curve in by_run.values())))
         for key, curve in by_run.items():
-            others = [c for (seed, fold), c in by_run.items() if fold != key[1]]
+            others = [c for (_, fold), c in by_run.items() if fold != key[1]]
             if others:  # the earliest of equally good steps
                 step = max(steps, key=lambda u: (np.mean([c[u] for c in others]), -u))
                 runs[arch][key]["chosen"] = curve[step]

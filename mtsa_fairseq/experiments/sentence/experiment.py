@@ -427,7 +427,8 @@ def plot_dev_curves(runs: list[dict[str, Any]], metric: str, title: str, path: P
             for curve in per_run:  # each run to its own end (runs stopped early end sooner)
                 ax.plot(sorted(curve), [curve[u] for u in sorted(curve)], color=line.get_color(), lw=0.6, alpha=0.4)
     ax.set_xlabel("updates")
-    ax.set_ylabel(f"dev {metric}")
+    held_out = "held-out fold" if any(run.get("fold") is not None for run in runs) else "dev"
+    ax.set_ylabel(f"{held_out} {metric}")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

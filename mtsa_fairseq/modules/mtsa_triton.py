@@ -367,7 +367,7 @@ class _MTSAFunction(torch.autograd.Function):
         q, k, e_s, num_values, pad_u8, out, z, m = ctx.saved_tensors
         strides, scalars, flags, config = ctx.launch
         grad_out = _last_dim_contiguous(grad_out)  # any other strides (a caller's permute) are read as they are
-        strides = [*strides, *grad_out.stride()[:3]]
+        strides = [*strides, *_strides(grad_out)]
         batch, heads, q_len, _ = q.shape
         k_len = k.shape[2]
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)

@@ -42,6 +42,7 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
     import torch.nn.functional as F
     from fairseq.modules import MultiheadAttention
 
+    from mtsa_fairseq.experiments.bench.measure import warm_up_length
     from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
     from mtsa_fairseq.modules.mtsa_reference import mtsa_naive
 
@@ -84,7 +85,7 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
         step(x, pad).float().sum().backward()
 
     module.train()
-    one_pass(*inputs(_warm_up_length(length, device)))
+    one_pass(*inputs(warm_up_length(length, device)))
     module.zero_grad(set_to_none=True)
     x, pad = inputs(length)
     return _peak_and_time(lambda: one_pass(x, pad), device, args.repeats)
@@ -95,6 +96,7 @@ def measure_core(method: str, length: int, args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from mtsa_fairseq.experiments.bench.measure import warm_up_length
     from mtsa_fairseq.modules.mtsa_core import mtsa_core
 
     dtype, device = getattr(torch, args.dtype), args.device
@@ -115,16 +117,9 @@ def measure_core(method: str, length: int, args: argparse.Namespace) -> dict:
         out.float().sum().backward()
 
     torch.manual_seed(0)
-    one_pass(inputs(_warm_up_length(length, device)))
+    one_pass(inputs(warm_up_length(length, device)))
     tensors = inputs(length)
     return _peak_and_time(lambda: one_pass(tensors), device, args.repeats)
-
-
-def _warm_up_length(length: int, device: str) -> int:
-    """The length of the pass before the measured ones (library initialisation and kernel compilation): on
-    CUDA the measured length itself, so that Triton's autotuning for it (its trials run next to a 256 MB
-    cache-flushing buffer) stays out of the peak; 16 elsewhere."""
-    return length if device.startswith("cuda") else 16
 
 
 def _peak_and_time(one_pass: Callable[[], None], device: str, repeats: int) -> dict:

@@ -71,13 +71,10 @@ def _source_batch(batch: int, length: int, vocab: int, device: str, seed: int):
 
 def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
     """Growth of peak memory during one encoder forward+backward pass (run in a fresh process)."""
-    from mtsa_fairseq.experiments.bench.measure import peak_growth_mb
+    from mtsa_fairseq.experiments.bench.measure import peak_growth_mb, warm_up_length
 
     model, _ = build_model(MODELS[name], args.vocab, args.device, args.dtype, args.kernel)
-    # library initialisation and kernel compilation; on CUDA at the measured length, so that Triton's autotuning
-    # for it (its trials run next to a 256 MB cache-flushing buffer) stays out of the peak
-    warm_up = length if args.device.startswith("cuda") else 16
-    _encoder_pass(model, *_source_batch(args.batch, warm_up, args.vocab, args.device, 0))
+    _encoder_pass(model, *_source_batch(args.batch, warm_up_length(length, args.device), args.vocab, args.device, 0))
     tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
     model.zero_grad(set_to_none=True)
     return peak_growth_mb(lambda: _encoder_pass(model, tokens, lengths), args.device)

@@ -91,9 +91,7 @@ def _write_report(config: TaskConfig, results: list[dict], args: argparse.Namesp
                         "dev_curve": r.get("dev_curve")} for r in results]
     (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "report.md").write_text(report_markdown(summary))
-    split = "held-out fold" if folds else "dev"
-    plot_dev_curves(summary["runs"], config.metric, f"{config.name}: {split} {config.metric} (mean, band: min to "
-                    "max over runs)", out / "dev-curves.png")
+    plot_dev_curves(summary["runs"], config.metric, config.name, out / "dev-curves.png")
     print(report_markdown(summary))
 
 

@@ -404,10 +404,11 @@ def _cross_validation_markdown(cv: dict[str, Any], metric: str, ref: str, f: str
     return lines
 
 
-def plot_dev_curves(runs: list[dict[str, Any]], metric: str, title: str, path: Path) -> None:
-    """Dev ``metric`` against updates per architecture (PNG): the mean over runs (seeds, or seeds x folds) at
-    each validation step that every run of that architecture reached, the band from their lowest to their
-    highest value there, and each run's own curve as a thin line to where it stopped."""
+def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Path) -> None:
+    """Dev (for cross-validation: held-out fold) ``metric`` against updates per architecture (PNG), titled with
+    the experiment's ``name``: the mean over runs (seeds, or seeds x folds) at each validation step that every
+    run of that architecture reached, the band from their lowest to their highest value there, and each run's
+    own curve as a thin line to where it stopped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -427,9 +428,9 @@ def plot_dev_curves(runs: list[dict[str, Any]], metric: str, title: str, path: P
             for curve in per_run:  # each run to its own end (runs stopped early end sooner)
                 ax.plot(sorted(curve), [curve[u] for u in sorted(curve)], color=line.get_color(), lw=0.6, alpha=0.4)
     ax.set_xlabel("updates")
-    held_out = "held-out fold" if any(run.get("fold") is not None for run in runs) else "dev"
-    ax.set_ylabel(f"{held_out} {metric}")
-    ax.set_title(title, fontsize=9)
+    split = "held-out fold" if any(run.get("fold") is not None for run in runs) else "dev"
+    ax.set_ylabel(f"{split} {metric}")
+    ax.set_title(f"{name}: {split} {metric} (mean, band: min to max over runs)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -340,7 +340,8 @@ from mtsa_fairseq.modules import mtsa_triton as mt
 
 every = dict(DIRECTIONAL=True, INCLUDE_SELF=False, EXP=True, DROPOUT=True, HAS_PAD=True, PRECISION=None,
              WIDEN_BF16=False, FUSED_DQ=True, BLOCK_M=128, BLOCK_N=64, BLOCK_DK=64, BLOCK_DV=64)
-for fn, fp32 in ((mt._fwd_kernel, "Z M"), (mt._bwd_kv_kernel, "M Z DQ"), (mt._bwd_q_kernel, "M Z")):
+for fn, fp32 in ((mt._fwd_kernel, "Z M"), (mt._output_grads_kernel, "Z"), (mt._bwd_kv_kernel, "M DQ"),
+                 (mt._bwd_q_kernel, "M")):
     consts = {name: value for name, value in every.items() if name in fn.arg_names}
 
     def kind(name):
@@ -366,7 +367,7 @@ print("compiled")
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU every other test compiles the kernels")
 def test_kernels_compile_for_a_gpu(tmp_path):
-    """The interpreter accepts more than the compiler: compile the three kernels (fp16, every mask, dropout
+    """The interpreter accepts more than the compiler: compile the four kernels (fp16, every mask, dropout
     and the atomic dq on) down to sm_90 machine code with the ptxas that ships in Triton's wheel, no GPU
     needed; and build their CUDA autotuners."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -209,6 +209,8 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
         raise ValueError("kernel='flex' has no attention dropout; use kernel='dense' when training with dropout")
     if kernel == "flex" and not _flex_available():
         raise ValueError("kernel='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+    if kernel == "flex" and q.is_cuda and q.dtype == torch.float64:
+        raise ValueError("kernel='flex' on CUDA takes float16, bfloat16 or float32 (compiled flex has no float64)")
     return "dense" if kernel == "auto" else kernel
 
 

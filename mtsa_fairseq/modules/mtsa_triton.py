@@ -14,7 +14,8 @@ Per batch element, head and query block, the key blocks are streamed once with t
 Key blocks that a directional or causal rule excludes for the whole query block are never visited; queries
 sit at key positions ``L - L_q ...`` (incremental decoding). The backward recomputes ``P`` block by block from
 the saved ``out``, ``Z`` and ``m`` (no ``[B, H, L, L]`` tensor), with ``dN = dO / Z`` and ``dZ = -dO out / Z``
-formed per query block inside the kernels (``dO`` read with its own strides)::
+formed first by a small kernel in the inputs' dtype (``dO`` read with its own strides; two ``[B, H, L_q, d_v]``
+tensors, as FlashAttention-2 forms its row statistic first)::
 
     dP   = (dN @ NV^T) * D / keep + dZ @ E_S^T
     dS   = P * dP   (exp)   |   P (1 - P) dP   (sigmoid)
@@ -90,16 +91,22 @@ def _weights(s, ok, m, scale, EXP: tl.constexpr):
 
 
 @triton.jit
-def _output_grads(DO, OUT, Z, so_b, so_h, so_m, b, h, bh, offs_m, offs_dv, rows, LQ, DV):
-    """``dN = dO / Z`` and ``dZ = -dO out / Z`` (fp32, 0 where ``Z = 0``) for one block of queries, from the
-    output's gradient (any strides but the last), the output and ``Z``."""
-    mask = rows[:, None] & (offs_dv[None, :] < DV)
+def _output_grads_kernel(DO, OUT, Z, DN, DZ, so_b, so_h, so_m, H, LQ, DV,
+                         BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``dN = dO / Z`` and ``dZ = -dO out / Z`` (computed in fp32, 0 where ``Z = 0``, stored in the inputs'
+    dtype) for one block of queries, from the output's gradient (any strides but the last), ``out`` and ``Z``."""
+    bh = tl.program_id(0)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask = (offs_m < LQ)[:, None] & (offs_dv[None, :] < DV)
     tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
-    do = tl.load(DO + b * so_b + h * so_h + offs_m[:, None] * so_m + offs_dv[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + bh // H * so_b + bh % H * so_h + offs_m[:, None] * so_m + offs_dv[None, :], mask=mask,
+                 other=0.0)
     out = tl.load(OUT + tile, mask=mask, other=0.0).to(tl.float32)
     z = tl.load(Z + tile, mask=mask, other=0.0)
     dn = do.to(tl.float32) / tl.where(z > 0, z, 1.0)
-    return dn, tl.where(z > 0, -dn * out, 0.0)
+    tl.store(DN + tile, dn.to(DN.dtype.element_ty), mask=mask)
+    tl.store(DZ + tile, tl.where(z > 0, -dn * out, 0.0).to(DZ.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -167,8 +174,8 @@ def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DKEY, DES, DNV, DQ,
-                   sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n, so_b, so_h, so_m,
+def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
+                   sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
                    H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                    DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr, FUSED_DQ: tl.constexpr,
@@ -202,9 +209,9 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DKEY, DES, DNV, DQ,
         rows = offs_m < LQ
         q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :],
                     mask=rows[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        dn, dz = _output_grads(DO, OUT, Z, so_b, so_h, so_m, b, h, bh, offs_m, offs_dv, rows, LQ, DV)
-        dn = dn.to(nv.dtype)
-        dz = dz.to(es.dtype)
+        grads_mask = rows[:, None] & (offs_dv[None, :] < DV)
+        dn = tl.load(DN + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
+        dz = tl.load(DZ + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
         m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
         s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
         ok = _allowed((offs_m + offset)[:, None], offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL,
@@ -234,8 +241,8 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DKEY, DES, DNV, DQ,
 
 
 @triton.jit
-def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DQ,
-                  sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n, so_b, so_h, so_m,
+def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
+                  sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
                   H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                   DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                   HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
@@ -251,7 +258,9 @@ def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DQ,
     rows = offs_m < LQ
     query_mask = rows[:, None] & (offs_dk[None, :] < DK)
     q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :], mask=query_mask, other=0.0)
-    dn, dz = _output_grads(DO, OUT, Z, so_b, so_h, so_m, b, h, bh, offs_m, offs_dv, rows, LQ, DV)
+    grads_mask = rows[:, None] & (offs_dv[None, :] < DV)
+    dn = tl.load(DN + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
+    dz = tl.load(DZ + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
     m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
     forward = h < n_forward
     q_pos = (offs_m + offset)[:, None]
@@ -274,10 +283,10 @@ def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DO, OUT, Z, DQ,
         s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
         ok = _allowed(q_pos, offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL, INCLUDE_SELF, HAS_PAD)
         p = _weights(s, ok, m, scale, EXP)
-        dp_num = _dot(dn.to(nv.dtype), tl.trans(nv), PRECISION, WIDEN_BF16)
+        dp_num = _dot(dn, tl.trans(nv), PRECISION, WIDEN_BF16)
         if DROPOUT:
             dp_num = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, keep), dp_num / keep, 0.0)
-        dp = dp_num + _dot(dz.to(es.dtype), tl.trans(es), PRECISION, WIDEN_BF16)
+        dp = dp_num + _dot(dz, tl.trans(es), PRECISION, WIDEN_BF16)
         ds = p * dp if EXP else p * (1.0 - p) * dp
         dq += _dot(ds.to(k.dtype), k, PRECISION, WIDEN_BF16)
     tl.store(DQ + bh * LQ * DK + offs_m[:, None] * DK + offs_dk[None, :], (dq * scale).to(DQ.dtype.element_ty),
@@ -367,13 +376,17 @@ class _MTSAFunction(torch.autograd.Function):
         q, k, e_s, num_values, pad_u8, out, z, m = ctx.saved_tensors
         strides, scalars, flags, config = ctx.launch
         grad_out = _last_dim_contiguous(grad_out)  # any other strides (a caller's permute) are read as they are
-        strides = [*strides, *_strides(grad_out)]
         batch, heads, q_len, _ = q.shape
-        k_len = k.shape[2]
+        k_len, d_v = k.shape[2], e_s.shape[-1]
+        dn, dz = (torch.empty(batch, heads, q_len, d_v, dtype=q.dtype, device=q.device) for _ in range(2))
+        block = config.get("BLOCK_M", 64)
+        _output_grads_kernel[(batch * heads, triton.cdiv(q_len, block))](
+            grad_out, out, z, dn, dz, *_strides(grad_out), heads, q_len, d_v, BLOCK_M=block,
+            BLOCK_DV=config["BLOCK_DV"])
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         des = torch.empty(e_s.shape, dtype=e_s.dtype, device=e_s.device)
         dnv = torch.empty(num_values.shape, dtype=num_values.dtype, device=num_values.device)
-        inputs = (q, k, e_s, num_values, pad_u8, m, grad_out, out, z)
+        inputs = (q, k, e_s, num_values, pad_u8, m, dn, dz)
         # dq: summed atomically over the key blocks by the same kernel (one pass, in an order that varies), or
         # by a second kernel per query block that recomputes P (deterministic, as torch's deterministic mode asks)
         fused = not torch.are_deterministic_algorithms_enabled()

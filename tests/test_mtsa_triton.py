@@ -139,6 +139,34 @@ def test_fewer_queries_than_keys(t2t, direction, include_self, q_len):
     compare(out, ref, inputs, ref_inputs, 1e-5)
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU autotuning picks the tiles; under the interpreter this test sets them")
+@pytest.mark.parametrize("tiles", [(32, 16), (16, 32)])
+@pytest.mark.parametrize(
+    "t2t,direction,include_self,q_len,deterministic",
+    [("exp", "bi", False, L, False), ("sigmoid", "forward", True, L, True), ("exp", "backward", True, 20, False),
+     ("sigmoid", "forward", False, 7, True)],
+)
+def test_unequal_query_and_key_blocks(tiles, t2t, direction, include_self, q_len, deterministic, monkeypatch):
+    """Query and key blocks of different sizes, as autotuning picks them on a GPU (e.g. 128 x 64 or 32 x 64),
+    which square tiles cannot tell apart: the directional block ranges, incremental decoding and both dq
+    kernels against the literal."""
+    config = mtsa_triton._config
+    monkeypatch.setattr(mtsa_triton, "_config", lambda dk, dv: {**config(dk, dv), "BLOCK_M": tiles[0],
+                                                                 "BLOCK_N": tiles[1]})
+    ref_inputs = make_inputs()
+    pad = padding()
+    inputs = on_device(ref_inputs)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        out = mtsa_core(inputs[0][:, :, -q_len:], *inputs[1:], pad.to(DEVICE), direction, include_self, t2t,
+                        kernel="triton")
+        ref = mtsa_literal(*ref_inputs, pad, direction, include_self, t2t)[:, :, -q_len:]
+        compare(out, ref, inputs, ref_inputs, 1e-5)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def test_causal_module_decodes_incrementally():
     """The decoder's self-attention on the kernel: full causal forward = step-by-step decoding with the
     cache = the float64 module."""

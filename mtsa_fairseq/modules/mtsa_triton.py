@@ -110,6 +110,14 @@ def _output_grads_kernel(DO, OUT, Z, DN, DZ, so_b, so_h, so_m, H, LQ, DV,
 
 
 @triton.jit
+def _load_output_grads(DN, DZ, bh, offs_m, offs_dv, rows, LQ, DV):
+    """One query block's ``dN`` and ``dZ`` as ``_output_grads_kernel`` stored them."""
+    mask = rows[:, None] & (offs_dv[None, :] < DV)
+    tile = bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :]
+    return tl.load(DN + tile, mask=mask, other=0.0), tl.load(DZ + tile, mask=mask, other=0.0)
+
+
+@triton.jit
 def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
                 sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
                 H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
@@ -209,9 +217,7 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
         rows = offs_m < LQ
         q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :],
                     mask=rows[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        grads_mask = rows[:, None] & (offs_dv[None, :] < DV)
-        dn = tl.load(DN + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
-        dz = tl.load(DZ + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
+        dn, dz = _load_output_grads(DN, DZ, bh, offs_m, offs_dv, rows, LQ, DV)
         m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
         s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
         ok = _allowed((offs_m + offset)[:, None], offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL,
@@ -258,9 +264,7 @@ def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
     rows = offs_m < LQ
     query_mask = rows[:, None] & (offs_dk[None, :] < DK)
     q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :], mask=query_mask, other=0.0)
-    grads_mask = rows[:, None] & (offs_dv[None, :] < DV)
-    dn = tl.load(DN + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
-    dz = tl.load(DZ + bh * LQ * DV + offs_m[:, None] * DV + offs_dv[None, :], mask=grads_mask, other=0.0)
+    dn, dz = _load_output_grads(DN, DZ, bh, offs_m, offs_dv, rows, LQ, DV)
     m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
     forward = h < n_forward
     q_pos = (offs_m + offset)[:, None]

@@ -5,6 +5,7 @@ Without a GPU the kernels run on CPU tensors under Triton's interpreter, which m
 present (then the same tests run the compiled kernels on it; set ``TRITON_INTERPRET=1`` to interpret there too).
 """
 
+import contextlib
 import math
 import os
 import subprocess
@@ -42,6 +43,17 @@ def _one_tile_per_test(request, monkeypatch):
     index = request.session.items.index(request.node) % len(mtsa_triton._TILES)
     for tuner in (mtsa_triton._FWD, mtsa_triton._BWD_KV, mtsa_triton._BWD_Q):
         monkeypatch.setattr(tuner, "configs", [tuner.configs[index]])
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms(enabled: bool):
+    """``torch.use_deterministic_algorithms(enabled)`` (warning only) inside, the previous setting after."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def make_inputs(length=L, dv=DV, scale=1.0):
@@ -105,22 +117,18 @@ def test_deterministic_mode_computes_dq_in_a_second_kernel(t2t, direction, inclu
     grad = torch.randn_like(ref)
     ref_grads = torch.autograd.grad(ref, ref_inputs, grad)
     modes, results = (False, True, True), []
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        for i, deterministic in enumerate(modes):
-            torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    for i, deterministic in enumerate(modes):
+        with _deterministic_algorithms(deterministic):
             inputs = on_device(ref_inputs)
             # q as the module hands it over: [B, L, H, d] memory viewed as [B, H, L, d]
             q = inputs[0].detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
             inputs = [q, *inputs[1:]]
             out = mtsa_core(*inputs, pad.to(DEVICE), direction, include_self, t2t, kernel="triton")
             grads = torch.autograd.grad(out, inputs, grad.to(DEVICE, out.dtype))
-            assert len(launched) == sum(modes[:i + 1])
-            for g, r in zip(grads, ref_grads):
-                assert max_rel(g, r) < 1e-5
-            results.append(grads[0])
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        assert len(launched) == sum(modes[:i + 1])
+        for g, r in zip(grads, ref_grads):
+            assert max_rel(g, r) < 1e-5
+        results.append(grads[0])
     assert torch.equal(results[1], results[2])
 
 
@@ -168,15 +176,11 @@ def test_unequal_query_and_key_blocks(tiles, t2t, direction, include_self, q_len
     ref_inputs = make_inputs()
     pad = padding()
     inputs = on_device(ref_inputs)
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    with _deterministic_algorithms(deterministic):
         out = mtsa_core(inputs[0][:, :, -q_len:], *inputs[1:], pad.to(DEVICE), direction, include_self, t2t,
                         kernel="triton")
         ref = mtsa_literal(*ref_inputs, pad, direction, include_self, t2t)[:, :, -q_len:]
         compare(out, ref, inputs, ref_inputs, 1e-5)
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def test_causal_module_decodes_incrementally():

@@ -46,7 +46,9 @@ def toy_data(tmp_path_factory) -> Path:
 
 
 class _LargestTensor(TorchDispatchMode):
-    """Records the element count of the largest tensor any operator creates while active."""
+    """Records the element count of the largest allocation any operator makes while active: the elements of a
+    result's storage, so that a broadcast view (``expand``, as CUDA's SDPA does to a padding mask) counts as the
+    memory it holds, not as the shape it shows."""
 
     def __init__(self):
         super().__init__()
@@ -56,7 +58,7 @@ class _LargestTensor(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
+                self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
         return out
 
 

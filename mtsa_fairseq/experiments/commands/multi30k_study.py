@@ -69,7 +69,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per system (default: 1 2 3)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per process (default 1: the two systems train at once, one core each)")
+    parser.add_argument("--max-update", type=int,
+                        help="train every run to this many updates instead of the configs' budget (a probe)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train, then stop: no test set is scored (the learning-curve probe that fixes the "
+                             "budget: python scripts/multi30k_study.py --seeds 1 --max-update 20000 --train-only "
+                             "--out multi30k-probe)")
     args = parser.parse_args()
+    if args.max_update is not None and args.max_update < 1:
+        parser.error("--max-update must be positive")
     if not args.multi30k.is_dir():
         parser.error(f"--multi30k {args.multi30k} is not a directory")
     files = raw_files(args.multi30k)
@@ -80,8 +88,14 @@ def main() -> None:
            "--seeds", *map(str, args.seeds), "--parallel", "--threads", str(args.threads)]
     for test in TESTS:
         cmd += ["--test", test, *map(str, files[test])]
+    if args.max_update is not None:
+        cmd += ["--train-args", f"--extra-args '--max-update {args.max_update}'"]
+    if args.train_only:
+        cmd.append("--train-only")
     if subprocess.run(cmd).returncode != 0:
         sys.exit("error: the pipeline failed (its logs are in --out)")
+    if args.train_only:
+        return
     out = args.out.resolve()
     results = {role: [str(out / "results" / f"{config.stem}_seed{seed}_{test}.json") for seed in args.seeds
                       for test in TESTS] for role, config in CONFIGS.items()}

@@ -186,6 +186,9 @@ def _main() -> None:
     parser.add_argument("--train-args", default="",
                         help='more train_seeds.py options, e.g. "--launcher torchrun --nproc-per-node 4"')
     parser.add_argument("--score-args", default="", help='more score.py options, e.g. "--max-tokens 8000"')
+    parser.add_argument("--train-only", action="store_true",
+                        help="prepare and train, then stop: no test set is translated (a learning-curve probe "
+                             "chooses a budget on validation data before any test set is scored)")
     args = parser.parse_args()
 
     if args.data and args.train:
@@ -194,7 +197,9 @@ def _main() -> None:
         parser.error("--train needs at least one --test set to score")
     if (args.valid or args.test) and not args.train:
         parser.error("--valid/--test need --train")
-    if len(set(args.seeds)) != len(args.seeds) or len(args.seeds) < 2:
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error("--seeds must be distinct")
+    if len(args.seeds) < 2 and not args.train_only:
         parser.error("--seeds must be at least 2 distinct seeds (the t-test needs 2 runs per system)")
     for config in (args.baseline_config, args.system_config):
         if not config.is_file():
@@ -230,6 +235,9 @@ def run_pipeline(args: argparse.Namespace, start: float) -> None:
     log("2/4 training")
     check_runs(args, data)
     train(args, data)
+    if args.train_only:
+        log(f"done in {time.time() - start:.0f} s (--train-only: no test set scored); runs in {args.out / 'runs'}")
+        return
     log("3/4 translating and scoring the test sets")
     results = score(args, data)
     log("4/4 significance report")

@@ -1,0 +1,210 @@
+"""Training throughput and peak memory of ``fairseq-train`` itself, MTSA against the Transformer, side by side.
+
+Writes a synthetic data-bin shaped like WMT14 En-De (a joined dictionary of ``--vocab`` symbols; sentence
+lengths as bench_transformer draws them: a normal of mean 27 and sd 12 pieces clipped to [4, 100], the target
+0.8-1.25 times its source), then trains every ``--archs`` model on it with fairseq-train for ``--updates``
+updates at each ``--max-tokens``, each run in a fresh process, the archs alternating (ABBA) over
+``--repeats``. Throughput is the median of fairseq's own ``wps`` (target tokens per second) over the log
+intervals after ``--skip-updates``; peak memory is torch's peak allocation on the GPU over the whole run.
+
+  mtsa-bench-fairseq-train --device cuda --precision fp16 --max-tokens 4096 8192 --markdown bench.md
+
+Every option of the runs is printed with the table; ratios are the last arch's over the first's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from mtsa_fairseq.experiments.processes import run_command
+
+ARCHS = ("transformer_wmt_en_de", "transformer_mtsa_wmt_en_de")
+# the Transformer paper's base recipe as fairseq's WMT14 example trains it (optimiser, schedule, criterion)
+TRAIN_OPTIONS = (
+    "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+    "--lr", "7e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--warmup-init-lr", "1e-7",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
+    "--no-save", "--disable-validation", "--log-format", "simple", "--num-workers", "0", "--seed", "1",
+)
+_INNER = re.compile(r"\bnum_updates=(\d+)\b.*?\bwps=([\d.]+)|\bwps=([\d.]+)\b.*?\bnum_updates=(\d+)\b")
+
+
+def write_data_bin(out: Path, vocab: int, pairs: int, seed: int = 1) -> None:
+    """A fairseq data-bin ``out`` with a ``train`` split of ``pairs`` random sentence pairs (src -> tgt)."""
+    import torch
+    from fairseq.data import Dictionary, indexed_dataset
+
+    dictionary = Dictionary()
+    for i in range(vocab - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+    out.mkdir(parents=True, exist_ok=True)
+    for lang in ("src", "tgt"):
+        dictionary.save(str(out / f"dict.{lang}.txt"))
+    generator = torch.Generator().manual_seed(seed)
+    src_len = (torch.randn(pairs, generator=generator) * 12 + 27).round().clamp(4, 100)
+    tgt_len = (src_len * (0.8 + 0.45 * torch.rand(pairs, generator=generator))).round().clamp(4, 100)
+    for lang, lengths in (("src", src_len), ("tgt", tgt_len)):
+        prefix = str(out / f"train.src-tgt.{lang}")
+        builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(dictionary))
+        for n in lengths.long().tolist():
+            ids = torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator)
+            builder.add_item(torch.cat([ids, torch.tensor([dictionary.eos()])]).int())
+        builder.finalize(prefix + ".idx")
+
+
+def fairseq_args(args: argparse.Namespace, data: Path, arch: str, max_tokens: int) -> list[str]:
+    """The fairseq-train command line of one run (without the program name)."""
+    cmd = [str(data), "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--arch", arch,
+           *TRAIN_OPTIONS, "--max-tokens", str(max_tokens), "--max-update", str(args.updates),
+           "--log-interval", str(args.log_interval), "--user-dir", str(Path(__file__).resolve().parents[2])]
+    if args.device == "cpu":
+        cmd.append("--cpu")
+    if args.precision != "fp32":
+        cmd.append(f"--{args.precision}")
+    return cmd
+
+
+def throughput(log: str, skip_updates: int) -> float:
+    """Median ``wps`` of the fairseq ``train_inner`` log lines past ``skip_updates`` updates."""
+    values = []
+    for line in log.splitlines():
+        if "train_inner" not in line:
+            continue
+        match = _INNER.search(line)
+        if match:
+            updates, wps = (match.group(1), match.group(2)) if match.group(1) else (match.group(4), match.group(3))
+            if int(updates) > skip_updates:
+                values.append(float(wps))
+    if not values:
+        raise RuntimeError(f"no training log line past update {skip_updates} (raise --updates)")
+    return statistics.median(values)
+
+
+def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int) -> dict:
+    """One fairseq-train run in a fresh process: its throughput and peak memory."""
+    child = [sys.executable, __file__, "--child", json.dumps(fairseq_args(args, data, arch, max_tokens))]
+    proc = subprocess.run(child, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        raise RuntimeError(f"{arch} at --max-tokens {max_tokens} failed (exit status {proc.returncode}):\n"
+                           f"{(proc.stdout + proc.stderr)[-3000:]}")
+    # fairseq's log lines reach stderr or stdout depending on who set up logging first
+    return {"tok_s": throughput(proc.stdout + proc.stderr, args.skip_updates),
+            "peak_mb": json.loads(lines[-1])["peak_mb"]}
+
+
+def child(argv: list[str]) -> None:
+    """fairseq-train in this process, then the peak memory as one JSON line (GPU: torch's allocator peak;
+    CPU: the resident set's high-water mark)."""
+    import torch
+    from fairseq_cli.train import cli_main
+
+    sys.argv = ["fairseq-train", *argv]
+    cli_main()
+    if torch.cuda.is_available() and "--cpu" not in argv:
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = int(re.search(r"^VmHWM:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1)) / 1024
+    print(json.dumps({"peak_mb": peak}), flush=True)
+
+
+def markdown(result: dict) -> str:
+    first, last = result["archs"][0], result["archs"][-1]
+    rows = [f"| max tokens | {first} tok/s | {last} tok/s | throughput ratio | {first} peak MB | {last} peak MB "
+            "| memory ratio |", "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        rows.append(f"| {row['max_tokens']} | {row['tok_s'][first]:,.0f} | {row['tok_s'][last]:,.0f} | "
+                    f"{row['throughput_ratio']:.3f} | {row['peak_mb'][first]:,.0f} | {row['peak_mb'][last]:,.0f} | "
+                    f"{row['memory_ratio']:.3f} |")
+    return f"{result['settings']}\n\n" + "\n".join(rows) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--archs", nargs=2, default=list(ARCHS), metavar=("BASELINE", "SYSTEM"),
+                        help="the two architectures (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[4096, 8192],
+                        help="tokens per batch, one row each (default: 4096 8192)")
+    parser.add_argument("--updates", type=int, default=300, help="updates per run (default: 300)")
+    parser.add_argument("--skip-updates", type=int, default=100,
+                        help="updates left out of the throughput (start-up, autotuning; default: 100)")
+    parser.add_argument("--log-interval", type=int, default=20, help="updates per fairseq log line (default: 20)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per arch and batch size; the median counts (default: 1)")
+    parser.add_argument("--vocab", type=int, default=32_768, help="joined dictionary size (default: 32768)")
+    parser.add_argument("--pairs", type=int, default=40_000, help="synthetic sentence pairs (default: 40000)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where to train (default: cuda)")
+    parser.add_argument("--precision", choices=["fp16", "amp", "fp32"], default="fp16",
+                        help="fairseq's --fp16, --amp, or neither (default: fp16)")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
+    parser.add_argument("--json", type=Path, help="write the raw numbers here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one fairseq-train run, argv as JSON
+    return parser
+
+
+def _main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.child is not None:
+        child(json.loads(args.child))
+        return
+    from mtsa_fairseq.experiments.bench.measure import check_positive
+
+    check_positive(parser, args)
+    if args.skip_updates >= args.updates:
+        parser.error("--skip-updates must be below --updates")
+    for out in (args.markdown, args.json):
+        if out is not None and not out.parent.is_dir():
+            parser.error(f"output directory {out.parent} does not exist")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.device == "cpu" and args.precision == "fp16":
+        parser.error("--precision fp16 needs --device cuda (fairseq's CPU fp16 needs --fp16-no-flatten-grads)")
+    from fairseq import __version__ as fairseq_version
+
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    settings = (f"{device}, torch {torch.__version__}, fairseq {fairseq_version}: fairseq-train "
+                f"{'in float32' if args.precision == 'fp32' else '--' + args.precision}, "
+                f"{args.updates} updates per run (throughput over updates {args.skip_updates + 1}-{args.updates}), "
+                f"{args.repeats} run(s) per cell, vocabulary {args.vocab}, options {' '.join(TRAIN_OPTIONS)}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data-bin"
+        write_data_bin(data, args.vocab, args.pairs)
+        for max_tokens in args.max_tokens:
+            runs: dict[str, list[dict]] = {arch: [] for arch in args.archs}
+            for r in range(args.repeats):
+                for arch in args.archs if r % 2 == 0 else args.archs[::-1]:
+                    runs[arch].append(train_once(args, data, arch, max_tokens))
+                    print(f"[bench] {arch} --max-tokens {max_tokens}: {runs[arch][-1]}", flush=True)
+            tok_s = {a: statistics.median(x["tok_s"] for x in runs[a]) for a in args.archs}
+            peak = {a: statistics.median(x["peak_mb"] for x in runs[a]) for a in args.archs}
+            first, last = args.archs
+            rows.append({"max_tokens": max_tokens, "tok_s": tok_s, "peak_mb": peak, "runs": runs,
+                         "throughput_ratio": tok_s[last] / tok_s[first], "memory_ratio": peak[last] / peak[first]})
+    result = {"settings": settings, "archs": args.archs, "rows": rows}
+    table = markdown(result)
+    print(table)
+    if args.markdown is not None:
+        args.markdown.write_text(table)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main() -> None:
+    """Entry point: usage errors exit 2, failures 1 with one line."""
+    run_command(_main)
+
+
+if __name__ == "__main__":
+    main()

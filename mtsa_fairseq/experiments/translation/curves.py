@@ -1,0 +1,91 @@
+"""Learning curves of translation runs: validation loss and BLEU from fairseq-train's log, the plateau rule
+that fixes a study's budget on validation data, and one plot of every run.
+
+fairseq-train with ``--eval-bleu`` logs a line per validation, e.g.
+``| valid | epoch 012 | valid on 'valid' subset | loss 3.51 | nll_loss 1.9 | ppl 3.7 | bleu 35.12 | ... |
+num_updates 2880``. A resumed run appends to the same log and may validate an update twice; the last line
+for an update counts.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+_VALID = re.compile(r"\| valid \| .*")
+_FIELD = re.compile(r"\| (loss|bleu|num_updates) ([0-9.]+)")
+PLATEAU_FRACTION = 0.75  # the last quarter of the updates ...
+PLATEAU_GAIN = 0.3  # ... gains less than this much BLEU over the best before it
+
+
+def valid_curve(log_text: str) -> list[dict[str, float]]:
+    """``[{"update", "loss", "bleu"}, ...]`` by update, from fairseq's validation log lines (``bleu`` absent
+    when the run did not use ``--eval-bleu``)."""
+    points: dict[int, dict[str, float]] = {}
+    for line in _VALID.findall(log_text):
+        fields = dict(_FIELD.findall(line))
+        if "num_updates" not in fields or "loss" not in fields:
+            continue
+        update = int(float(fields["num_updates"]))
+        point: dict[str, float] = {"update": update, "loss": float(fields["loss"])}
+        if "bleu" in fields:
+            point["bleu"] = float(fields["bleu"])
+        points[update] = point
+    return [points[u] for u in sorted(points)]
+
+
+def run_curve(run_dir: Path) -> list[dict[str, float]]:
+    """:func:`valid_curve` of a run directory's ``train.log`` (empty if it has none)."""
+    log = Path(run_dir) / "train.log"
+    return valid_curve(log.read_text(errors="replace")) if log.is_file() else []
+
+
+def plateau(curve: list[dict[str, float]]) -> dict[str, Any]:
+    """The budget rule: with U the last validated update, the best BLEU after ``0.75 U`` minus the best up to
+    it. ``plateaued`` when that gain is below 0.3 BLEU (needs BLEU at two updates or more)."""
+    points = [(p["update"], p["bleu"]) for p in curve if "bleu" in p]
+    if len(points) < 2:
+        return {"last_update": points[-1][0] if points else None, "gain": None, "plateaued": False}
+    last = points[-1][0]
+    cut = PLATEAU_FRACTION * last
+    before = [b for u, b in points if u <= cut]
+    after = [b for u, b in points if u > cut]
+    if not before:
+        return {"last_update": last, "gain": None, "plateaued": False}
+    gain = max(after) - max(before)
+    return {"last_update": last, "best_before": max(before), "best_after": max(after), "gain": round(gain, 2),
+            "plateaued": gain < PLATEAU_GAIN}
+
+
+def plot_curves(runs: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
+    """Validation BLEU and loss against updates, one line per run (``runs``: label -> curve), one PNG."""
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib.pyplot as plt
+
+    fig, (bleu_ax, loss_ax) = plt.subplots(1, 2, figsize=(13, 4.5))
+    styles = {}
+    for label, curve in runs.items():
+        system = label.split()[0]
+        color = styles.setdefault(system, f"C{len(styles)}")
+        updates = [p["update"] for p in curve]
+        bleu_ax.plot([p["update"] for p in curve if "bleu" in p], [p["bleu"] for p in curve if "bleu" in p],
+                     color=color, alpha=0.8, lw=1, label=label)
+        loss_ax.plot(updates, [p["loss"] for p in curve], color=color, alpha=0.8, lw=1, label=label)
+    bleu_ax.set_ylabel("validation BLEU (sacreBLEU, beam search)")
+    loss_ax.set_ylabel("validation loss (label-smoothed, base 2)")
+    for ax in (bleu_ax, loss_ax):
+        ax.set_xlabel("updates")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)

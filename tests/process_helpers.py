@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 
-def trainers_on(run_dir: Path) -> list[int]:
-    """Live fairseq-train processes whose command line names ``run_dir``."""
+def processes_naming(path: Path, program: str = "fairseq-train") -> list[int]:
+    """Live ``program`` processes whose command line names ``path`` (as one argument)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
@@ -15,9 +15,14 @@ def trainers_on(run_dir: Path) -> list[int]:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state != "Z" and any(a.endswith(b"fairseq-train") for a in cmdline) and str(run_dir).encode() in cmdline:
+        if state != "Z" and any(a.endswith(program.encode()) for a in cmdline) and str(path).encode() in cmdline:
             pids.append(int(proc.name))
     return pids
+
+
+def trainers_on(run_dir: Path) -> list[int]:
+    """Live fairseq-train processes whose command line names ``run_dir``."""
+    return processes_naming(run_dir)
 
 
 def children_of(pid: int) -> list[int]:

@@ -4,6 +4,7 @@ tiny corpus."""
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 import sacrebleu
 from fairseq import checkpoint_utils
+from process_helpers import processes_naming, wait_for
 from sacremoses import MosesTokenizer
 
 import mtsa_fairseq
+from mtsa_fairseq.experiments.processes import RunLock
 from mtsa_fairseq.experiments.translation import scoring
 from mtsa_fairseq.experiments.translation.data_prep import count_lines
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
@@ -288,3 +291,66 @@ def test_checkpoint_info_counts_the_built_model(trained):
     assert info.arch == "transformer_mtsa_tiny"
     assert (info.seed, info.source_lang, info.target_lang) == (5, "en", "de")
     assert info.num_params == _parameters_in_checkpoint(trained / "ckpt/checkpoint_last.pt")
+
+
+@pytest.mark.slow
+def test_an_empty_result_counts_as_absent(trained, tmp_path):
+    """A 0-byte result (a full disk under an older version) is scored again, with a line saying so."""
+    out = tmp_path / "r.json"
+    out.write_text("")
+    proc = score("--checkpoint", str(trained / "ckpt/checkpoint_last.pt"), "--data-bin", str(trained / "bin"),
+                 "--reference", str(trained / "raw/test.de"), "--result", str(out), "--cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"note: {out} is empty or unreadable: scoring again" in proc.stderr
+    assert json.loads(out.read_text())["num_sentences"] == 20
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.generate.log", "r.hyp.txt", "r.json"]
+
+
+def _start_scorer(trained: Path, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), "--checkpoint", str(trained / "ckpt/checkpoint_last.pt"),
+                             "--data-bin", str(trained / "bin"), "--reference", str(trained / "raw/test.de"),
+                             "--result", str(out), "--cpu", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+@pytest.mark.slow
+def test_a_second_scorer_on_the_same_result_refuses(trained, tmp_path):
+    """The lock a scorer holds on its result (here taken by this process, as a running scorer takes it)."""
+    out = tmp_path / "r.json"
+    out.write_text('{"partial": true}')
+    with RunLock(tmp_path / ".r.json.lock", f"result {out}", "scorer"):
+        proc = score("--checkpoint", str(trained / "ckpt/checkpoint_last.pt"), "--data-bin", str(trained / "bin"),
+                     "--reference", str(trained / "raw/test.de"), "--result", str(out), "--cpu", "--overwrite")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: result {out} is in use by scorer pid {os.getpid()}; wait for it to finish or stop it, then rerun")
+    assert out.read_text() == '{"partial": true}'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_scorer_says_one_line_and_stops_fairseq_generate(trained, tmp_path, signum, code):
+    out = tmp_path / "r.json"
+    proc = _start_scorer(trained, out, "--beam", "12")
+    checkpoint = str(trained / "ckpt/checkpoint_last.pt")
+    wait_for(lambda: processes_naming(checkpoint, "fairseq-generate"), "fairseq-generate")
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code
+    assert err.strip().splitlines()[-1] == "interrupted: rerun the same command to resume"
+    assert "Traceback" not in err
+    wait_for(lambda: not processes_naming(checkpoint, "fairseq-generate"), "fairseq-generate to stop", 40)
+    assert not out.exists() and not out.with_name(".r.json.lock").exists()
+
+
+def test_a_failing_fairseq_generate_is_one_line_with_its_log(tmp_path):
+    log = tmp_path / "gen.log"
+    cmd = [sys.executable, "-c", "import sys; print('H-0\\tx'); "
+           "sys.exit('Exception: Size of sample #3 is invalid (=(1100, 1100)) since max_positions=(1024, 1024)')"]
+    with pytest.raises(RuntimeError) as err:
+        scoring.run_generate(cmd, log)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == ("fairseq-generate failed with exit code 1: Exception: Size of sample #3 is invalid "
+                       f"(=(1100, 1100)) since max_positions=(1024, 1024) (its log: {log})")
+    assert log.read_text().startswith("H-0\tx\n")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
@@ -177,6 +178,26 @@ def test_paired_tests_are_deterministic_and_match_sacrebleu(results, monkeypatch
         assert 0 < first[2] <= 1
 
 
+def test_identical_systems_get_p_one_where_sacrebleu_gives_its_smallest(results):
+    """Ties count (Koehn 2004; Riezler and Maxwell 2005): a system compared with itself is never significant."""
+    _, files = results
+    base = _load(files["base"][0])
+    h0, refs = scoring.read_lines(Path(base["hypotheses"])), scoring.read_lines(Path(base["references"]))
+    for test_type, n in (("bs", 200), ("ar", 300)):
+        assert significance.paired_test(h0, list(h0), refs, test_type, n, seed=7)[2] == 1.0
+        _, scores = PairedTest(named_systems=[("baseline", h0), ("system", list(h0))],
+                               metrics={"BLEU": BLEU(references=[refs])}, references=None,
+                               test_type=test_type, n_samples=n)()
+        assert scores["BLEU"][1].p_value == pytest.approx(1 / (n + 1))  # sacreBLEU's strict count
+
+
+def test_p_value_counts_ties_and_adds_one():
+    stats = np.array([0.0, 0.5, 1.0, 2.0])
+    assert significance.p_value_ties_count(stats, 1.0) == 3 / 5  # 1.0 and 2.0, plus one
+    assert significance.p_value_ties_count(np.zeros(9), 0.0) == 1.0
+    assert significance.p_value_ties_count(stats, 3.0) == 1 / 5
+
+
 def test_table6_markdown(results):
     _, files = results
     comparison = significance.compare(files["base"], files["mtsa"], bootstrap_samples=200, ar_samples=300, seed=3)
@@ -278,7 +299,8 @@ def _variant(path: Path, tmp_path: Path, name: str, **changes) -> Path:
     return out
 
 
-@pytest.mark.parametrize("case", ["signature", "test_set", "missing", "schema", "duplicate_seed"])
+@pytest.mark.parametrize("case", ["signature", "test_set", "missing", "schema", "duplicate_seed", "nan", "bleu_string",
+                                  "empty_file"])
 def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, case):
     _, files = results
     base, mtsa = list(files["base"]), list(files["mtsa"])
@@ -295,6 +317,19 @@ def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, 
     elif case == "schema":
         mtsa[0] = _variant(mtsa[0], tmp_path, "schema.json", schema="mtsa-fairseq.result.v0")
         message = "expected 'mtsa-fairseq.result.v1'"
+    elif case == "nan":
+        data = _load(mtsa[0])
+        data["bleu"]["sacrebleu"] = float("nan")
+        mtsa[0] = tmp_path / "nan.json"
+        mtsa[0].write_text(json.dumps(data))  # Python writes NaN, which is not JSON but parses
+        message = f"{mtsa[0]}: bleu.sacrebleu is nan, not a finite number"
+    elif case == "bleu_string":
+        mtsa[0] = _variant(mtsa[0], tmp_path, "str.json", bleu="")
+        message = f"{mtsa[0]}: bleu must be an object of BLEU values, not str"
+    elif case == "empty_file":
+        mtsa[0] = tmp_path / "empty.json"
+        mtsa[0].write_text("")
+        message = str(mtsa[0])
     else:
         mtsa[0] = _variant(mtsa[0], tmp_path, "dup.json", seed=2)
         message = "several runs with seed 2"
@@ -325,3 +360,19 @@ def test_markdown_names_the_metric_and_keeps_the_signature_apart(results):
         comparison = significance.compare(files["base"], files["mtsa"], metric=metric, bootstrap_samples=50,
                                           ar_samples=50, seed=3)
         assert header in significance.render_markdown(comparison, ("Transformer", "MTSA"))
+
+
+def test_existing_outputs_need_overwrite_and_are_replaced_whole(results, tmp_path, monkeypatch, capsys):
+    _, files = results
+    md, js = tmp_path / "out.md", tmp_path / "out.json"
+    md.write_text("old report")
+    args = ["--baseline", *map(str, files["base"]), "--system", *map(str, files["mtsa"]), "--markdown", str(md),
+            "--json", str(js), *FAST]
+    with pytest.raises(SystemExit) as exc:
+        _run_main(monkeypatch, *args)
+    assert exc.value.code == 2 and f"{md} exists (pass --overwrite to replace it)" in capsys.readouterr().err
+    assert md.read_text() == "old report" and not js.exists()
+    _run_main(monkeypatch, *args, "--overwrite")
+    assert md.read_text() == capsys.readouterr().out  # the new report, as printed
+    assert json.loads(js.read_text())["schema"] == "mtsa-fairseq.significance.v1"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left

@@ -10,10 +10,13 @@ by the results' ``setup`` and ``test_set`` (e.g. setup1 and setup2 of the MTSA p
   are reported; a t-test needs at least two runs per system, and with few runs it has little power.
 * Over sentences, for each pair of runs trained with the same seed: sacreBLEU's paired bootstrap
   resampling (Koehn 2004) and paired approximate randomization (Riezler and Maxwell 2005), both
-  two-sided as sacreBLEU computes them, with sacreBLEU's default BLEU on the hypotheses files against
-  the references (whatever metric the runs are compared on), sampled from a fixed seed
-  (``SACREBLEU_SEED``) so the p-values are reproducible. A run whose hypotheses no longer give the
-  sacreBLEU recorded in its result file is refused.
+  two-sided, with sacreBLEU's default BLEU on the hypotheses files against the references (whatever
+  metric the runs are compared on), sampled from a fixed seed (``SACREBLEU_SEED``) so the p-values are
+  reproducible. sacreBLEU's resampling is used as it is; only its count is corrected: a resample counts
+  when its statistic is at least as extreme as the observed one, ties included, and p = (count + 1) /
+  (samples + 1) (the add-one convention of Koehn 2004 and Riezler and Maxwell 2005). sacreBLEU counts
+  strictly larger statistics only, which gives two identical systems its smallest p-value; here they get
+  p = 1. A run whose hypotheses no longer give the sacreBLEU recorded in its result file is refused.
 """
 
 from __future__ import annotations
@@ -68,9 +71,16 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
     missing = [key for key in _REQUIRED if data.get(key) is None]
     if missing:
         raise SignificanceError(f"{path} lacks {', '.join(missing)}")
-    value = data["bleu"].get(metric)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise SignificanceError(f"{path} has no numeric bleu.{metric}")
+    if not isinstance(data["bleu"], dict):
+        raise SignificanceError(f"{path}: bleu must be an object of BLEU values, not {type(data['bleu']).__name__}")
+    for name in dict.fromkeys((metric, "sacrebleu")):  # the paired tests recompute sacreBLEU and compare
+        value = data["bleu"].get(name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise SignificanceError(f"{path} has no numeric bleu.{name} (got {value!r})")
+        if not math.isfinite(value):
+            raise SignificanceError(f"{path}: bleu.{name} is {value}, not a finite number")
+    if not isinstance(data["num_sentences"], int) or isinstance(data["num_sentences"], bool):
+        raise SignificanceError(f"{path}: num_sentences must be an integer, got {data['num_sentences']!r}")
     files = {}
     for key in ("hypotheses", "references"):
         file = Path(data[key])
@@ -170,6 +180,24 @@ def paired_t_test(baseline: Sequence[float], system: Sequence[float]) -> PairedT
                              t=t, df=df, p_two_sided=float(result.pvalue), p_greater=float(stats.t.sf(t, df)))
 
 
+def p_value_ties_count(stats: np.ndarray, observed: float) -> float:
+    """(resampled statistics at least as extreme as the observed one, + 1) / (resamples + 1)."""
+    return (int(np.sum(stats >= observed)) + 1) / (len(stats) + 1)
+
+
+@contextlib.contextmanager
+def _ties_count() -> Iterator[None]:
+    """sacreBLEU's paired tests with :func:`p_value_ties_count` in place of its strict count."""
+    import sacrebleu.significance as sacrebleu_significance
+
+    strict = sacrebleu_significance._compute_p_value
+    sacrebleu_significance._compute_p_value = p_value_ties_count
+    try:
+        yield
+    finally:
+        sacrebleu_significance._compute_p_value = strict
+
+
 @contextlib.contextmanager
 def _sacrebleu_seed(seed: int) -> Iterator[None]:
     old = os.environ.get("SACREBLEU_SEED")
@@ -186,7 +214,7 @@ def _sacrebleu_seed(seed: int) -> Iterator[None]:
 def paired_test(
     baseline: Sequence[str], system: Sequence[str], references: Sequence[str], test_type: str, n_samples: int, seed: int
 ) -> tuple[float, float, float]:
-    """sacreBLEU's paired test (``"bs"`` bootstrap or ``"ar"`` approximate randomization).
+    """sacreBLEU's paired test (``"bs"`` bootstrap or ``"ar"`` approximate randomization), ties counted.
 
     Returns (baseline BLEU, system BLEU, two-sided p-value). ``seed`` must be positive (sacreBLEU treats 0
     as "unseeded").
@@ -196,7 +224,7 @@ def paired_test(
 
     if seed < 1:
         raise ValueError("the sampling seed must be a positive integer")
-    with _sacrebleu_seed(seed):
+    with _sacrebleu_seed(seed), _ties_count():
         paired = PairedTest(named_systems=[("baseline", list(baseline)), ("system", list(system))],
                             metrics={"BLEU": BLEU(references=[list(references)])}, references=None,
                             test_type=test_type, n_samples=n_samples)

@@ -87,10 +87,12 @@ def throughput(log: str, skip_updates: int) -> float:
     return statistics.median(values)
 
 
-def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int) -> dict:
-    """One fairseq-train run in a fresh process: its throughput and peak memory."""
+def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int, run: int) -> dict:
+    """One fairseq-train run in a fresh process: its throughput and peak memory (its log kept in ``--logs``)."""
     child = [sys.executable, __file__, "--child", json.dumps(fairseq_args(args, data, arch, max_tokens))]
     proc = subprocess.run(child, capture_output=True, text=True)
+    if args.logs is not None:
+        (args.logs / f"{arch}-{max_tokens}-run{run}.log").write_text(proc.stdout + proc.stderr)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
         raise RuntimeError(f"{arch} at --max-tokens {max_tokens} failed (exit status {proc.returncode}):\n"
@@ -101,12 +103,14 @@ def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int)
 
 
 def child(argv: list[str]) -> None:
-    """fairseq-train in this process, then the peak memory as one JSON line (GPU: torch's allocator peak;
-    CPU: the resident set's high-water mark)."""
+    """fairseq-train in this process, then the peak memory as one JSON line (GPU: torch's allocator peak over
+    the run; CPU: the resident set's high-water mark)."""
     import torch
     from fairseq_cli.train import cli_main
 
     sys.argv = ["fairseq-train", *argv]
+    # fairseq's trainer resets the peak after every update (its gb_free); keep it for the whole run instead
+    torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
     cli_main()
     if torch.cuda.is_available() and "--cpu" not in argv:
         peak = torch.cuda.max_memory_allocated() / 2**20
@@ -146,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fairseq's --fp16, --amp, or neither (default: fp16)")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
+    parser.add_argument("--logs", type=Path, help="keep each run's fairseq-train log in this directory")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one fairseq-train run, argv as JSON
     return parser
 
@@ -164,6 +169,8 @@ def _main() -> None:
     for out in (args.markdown, args.json):
         if out is not None and not out.parent.is_dir():
             parser.error(f"output directory {out.parent} does not exist")
+    if args.logs is not None and not args.logs.is_dir():
+        parser.error(f"--logs {args.logs} is not a directory")
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -185,7 +192,7 @@ def _main() -> None:
             runs: dict[str, list[dict]] = {arch: [] for arch in args.archs}
             for r in range(args.repeats):
                 for arch in args.archs if r % 2 == 0 else args.archs[::-1]:
-                    runs[arch].append(train_once(args, data, arch, max_tokens))
+                    runs[arch].append(train_once(args, data, arch, max_tokens, r + 1))
                     print(f"[bench] {arch} --max-tokens {max_tokens}: {runs[arch][-1]}", flush=True)
             tok_s = {a: statistics.median(x["tok_s"] for x in runs[a]) for a in args.archs}
             peak = {a: statistics.median(x["peak_mb"] for x in runs[a]) for a in args.archs}

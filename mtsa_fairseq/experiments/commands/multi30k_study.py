@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
+from mtsa_fairseq.experiments.files import write_atomic
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (configs/, scripts/)
 
@@ -102,13 +103,11 @@ def main() -> None:
     tokenized = [sys.executable, str(ROOT / "scripts/significance.py"), "--baseline", *results["baseline"],
                  "--system", *results["system"], "--names", "Transformer", "MTSA", "--metric",
                  "tokenized_compound_split", "--markdown", str(out / "report-tokenized.md"), "--json",
-                 str(out / "report-tokenized.json")]
-    for name in ("report-tokenized.md", "report-tokenized.json"):
-        (out / name).unlink(missing_ok=True)
+                 str(out / "report-tokenized.json"), "--overwrite"]
     if subprocess.run(tokenized, stdout=subprocess.DEVNULL).returncode != 0:
         sys.exit("error: the tokenized-BLEU significance report failed")
     table = runs_table(out, args.seeds)
-    (out / "runs.md").write_text(table)
+    write_atomic(out / "runs.md", table)
     print(table + f"\nreports: {out / 'report.md'} (sacreBLEU), {out / 'report-tokenized.md'} (tokenized, "
           f"compound-split BLEU), {out / 'report.png'}, {out / 'runs.md'}")
 

@@ -243,9 +243,8 @@ def run_pipeline(args: argparse.Namespace, start: float) -> None:
     log("4/4 significance report")
     report = ["--baseline", *map(str, results["baseline"]), "--system", *map(str, results["system"]),
               "--names", *args.names, "--markdown", str(args.out / "report.md"), "--json",
-              str(args.out / "report.json"), "--plot", str(args.out / "report.png")]
-    for name in ("report.md", "report.json", "report.png"):
-        (args.out / name).unlink(missing_ok=True)  # derived from the result files: rewritten every time
+              str(args.out / "report.json"), "--plot", str(args.out / "report.png"),
+              "--overwrite"]  # derived from the result files: rewritten (atomically) every time
     run_script("significance.py", *report)
     log(f"done in {time.time() - start:.0f} s: {args.out / 'report.md'}, {args.out / 'report.png'}")
 

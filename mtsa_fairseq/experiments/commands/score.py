@@ -9,13 +9,14 @@ and t2t-bleu's case-sensitive international-tokenisation BLEU; see mtsa_fairseq/
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.experiments.files import readable_json, write_json
+from mtsa_fairseq.experiments.processes import RunLock, run_command
 from mtsa_fairseq.experiments.translation import scoring
 
 
@@ -112,6 +113,12 @@ def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
 
 
 def main() -> None:
+    """The command: usage errors exit 2, input and environment errors 1 (one line), Ctrl-C 130, SIGTERM 143;
+    fairseq-generate stops with it."""
+    run_command(_main)
+
+
+def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets up chatty root logging
@@ -131,10 +138,27 @@ def main() -> None:
     except scoring.ScoringError as exc:
         fail(str(exc))
     hyp_path = args.result.with_name(args.result.stem + ".hyp.txt")
-    for path in (args.result, hyp_path):
-        if path.exists() and not args.overwrite:
-            parser.error(f"{path} exists (pass --overwrite to replace it)")
+    try:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(args.result.with_name(f".{args.result.name}.lock"), f"result {args.result}", "scorer")
+        lock.acquire(scoring.ScoringError)
+    except (OSError, scoring.ScoringError) as exc:
+        fail(str(exc))
+    with lock:
+        if args.result.exists() and not args.overwrite:
+            if readable_json(args.result):
+                parser.error(f"{args.result} exists (pass --overwrite to replace it)")
+            print(f"note: {args.result} is empty or unreadable: scoring again", file=sys.stderr)
+        try:
+            score(args, parser, checkpoint, run, inputs, test_name, references, hyp_path)
+        except OSError as exc:  # a full disk, a vanished directory: the previous files stay whole
+            fail(f"{exc.strerror or exc} ({exc.filename or args.result})")
 
+
+def score(args: argparse.Namespace, parser: argparse.ArgumentParser, checkpoint: Path, run: dict | None,
+          inputs: scoring.ScoringInputs, test_name: str, references: list[str], hyp_path: Path) -> None:
+    """Translate, score and write the hypotheses, then the result (each atomically: the result last, so that
+    a result file always has its hypotheses)."""
     try:
         info = scoring.checkpoint_info(checkpoint, inputs.data_bin)
     except Exception as exc:  # fairseq raises many kinds for unloadable checkpoints
@@ -151,7 +175,7 @@ def main() -> None:
     )
     print("running: " + " ".join(cmd), file=sys.stderr)
     try:
-        output = scoring.run_generate(cmd)
+        output = scoring.run_generate(cmd, args.result.with_name(args.result.stem + ".generate.log"))
         hypotheses = scoring.ordered_hypotheses(scoring.parse_generate_output(output), len(references), inputs.subset)
     except (RuntimeError, scoring.ScoringError) as exc:
         fail(str(exc))
@@ -168,9 +192,8 @@ def main() -> None:
         hypotheses=hyp_path, references=inputs.reference, num_sentences=len(references), bleu=bleu,
         generation=generation,
     )
-    args.result.parent.mkdir(parents=True, exist_ok=True)
     scoring.write_lines(hyp_path, hypotheses)
-    args.result.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_json(args.result, result, indent=2)
     print(f"{test_name} ({len(references)} sentences), {result['system']} seed {result['seed']}, "
           f"{info.num_params:,} parameters")
     print(f"sacreBLEU {bleu['sacrebleu']:.2f}  signature: {bleu['signature']}")

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.experiments import significance
+from mtsa_fairseq.experiments.files import atomic_path, write_atomic
+from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.scoring import BLEU_METRICS
 
 
@@ -39,10 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", type=Path, metavar="OUT.md", help="write the Markdown report here")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="write a JSON summary here")
     parser.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG plot of BLEU per seed here")
+    parser.add_argument("--overwrite", action="store_true", help="replace --markdown/--json/--plot files that exist")
     return parser
 
 
-def main() -> None:
+def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets up chatty root logging
@@ -55,6 +58,8 @@ def main() -> None:
     for path in outputs:
         if not path.parent.is_dir():
             parser.error(f"directory of {path} does not exist")
+        if path.exists() and not args.overwrite:
+            parser.error(f"{path} exists (pass --overwrite to replace it)")
     try:
         comparison = significance.compare(
             args.baseline, args.system, metric=args.metric, test=args.test,
@@ -66,12 +71,22 @@ def main() -> None:
     report = significance.render_markdown(comparison, names)
     summary = json.dumps(significance.comparison_to_json(comparison, names), indent=2) + "\n"
     sys.stdout.write(report)
-    if args.markdown:
-        args.markdown.write_text(report, encoding="utf-8")
-    if args.json:
-        args.json.write_text(summary, encoding="utf-8")
-    if args.plot:
-        significance.plot(comparison, names, args.plot)
+    try:
+        if args.markdown:
+            write_atomic(args.markdown, report)
+        if args.json:
+            write_atomic(args.json, summary)
+        if args.plot:
+            with atomic_path(args.plot) as tmp:
+                significance.plot(comparison, names, tmp)
+    except OSError as exc:  # a full disk: the files written before stay whole, the others absent
+        raise SystemExit(f"error: {exc.strerror or exc} ({exc.filename or 'writing the report'})") from None
+
+
+def main() -> None:
+    """The command: usage errors exit 2, bad results and environment errors 1 (one line), Ctrl-C 130,
+    SIGTERM 143."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ may contain, become one space), so the hypotheses file has exactly one line per 
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.experiments.files import write_atomic
+from mtsa_fairseq.experiments.processes import run_logged
 from mtsa_fairseq.experiments.translation.train_config import USER_DIR
 
 BLEU_METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
@@ -48,8 +49,8 @@ class ScoringError(ValueError):
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
-    """Write one line per item, each ended by ``\\n``."""
-    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8", newline="\n")
+    """Write one line per item, each ended by ``\\n``, atomically."""
+    write_atomic(path, "".join(line + "\n" for line in lines))
 
 
 def parse_generate_output(text: str) -> dict[int, str]:
@@ -304,10 +305,13 @@ def generate_command(
     return cmd
 
 
-def run_generate(cmd: Sequence[str]) -> str:
-    """Run fairseq-generate and return its standard output; a failure raises with the end of its stderr."""
-    proc = subprocess.run(list(cmd), capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
-        raise RuntimeError(f"fairseq-generate failed with exit code {proc.returncode}:\n" + "\n".join(tail))
-    return proc.stdout
+def run_generate(cmd: Sequence[str], log_path: Path) -> str:
+    """Run fairseq-generate (stopped with this process: Ctrl-C, SIGTERM) with its whole output in ``log_path``
+    and return that output; a failure raises one line: fairseq's last error line and where the log is."""
+    log_path.unlink(missing_ok=True)
+    returncode, _, output = run_logged(list(cmd), log_path, echo=False)
+    if returncode != 0:
+        lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+        last = lines[-1] if lines else "no output"
+        raise RuntimeError(f"fairseq-generate failed with exit code {returncode}: {last} (its log: {log_path})")
+    return output

@@ -1,0 +1,54 @@
+"""Outputs that are whole or absent: every command's results, reports, tables and plots are written to a
+temporary file in the same directory, flushed to disk and renamed over the target, so a full disk, a crash
+or Ctrl-C leaves the previous file (or none), never a truncated one. A result that is empty or unreadable
+(left by an older version or by hand) counts as absent, and the commands say so."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that wants a file name (e.g. matplotlib's ``savefig``):
+    when the block ends without an error the file is synced and renamed to ``path``; otherwise it is removed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the rename itself reaches the disk with the directory
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8 with ``\\n`` line ends) to ``path`` whole or not at all."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def write_json(path: str | Path, value: Any, indent: int = 1) -> None:
+    """``value`` as JSON, written atomically."""
+    write_atomic(path, json.dumps(value, indent=indent) + "\n")
+
+
+def readable_json(path: str | Path) -> bool:
+    """Whether ``path`` holds a JSON object: a result file that can count as finished."""
+    try:
+        return isinstance(json.loads(Path(path).read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError):
+        return False

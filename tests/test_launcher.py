@@ -204,6 +204,30 @@ def test_run_left_running_resumes_from_checkpoint_last(trained, corpus, tmp_path
     assert "Loaded checkpoint" in session and "@ 10 updates" in session
 
 
+def test_truncated_checkpoint_last_resumes_from_the_newest_readable_checkpoint(trained, corpus, tmp_path):
+    """A full disk during fairseq's copy into checkpoint_last.pt leaves it truncated; fairseq alone then
+    refuses to resume for good. The launcher moves it aside and resumes from the interval checkpoint."""
+    config, root, _ = trained
+    run_dir = tmp_path / "tiny" / "seed1"
+    shutil.copytree(root / "seed1", run_dir, symlinks=True)
+    for path in run_dir.glob("checkpoint*.pt"):  # interval and epoch checkpoints: the newest left is at update 10
+        if path.name != "checkpoint_last.pt" and checkpoint_updates(path) > 10:
+            path.unlink()
+    data = (run_dir / "checkpoint_last.pt").read_bytes()
+    (run_dir / "checkpoint_last.pt").write_bytes(data[: len(data) // 2])
+    (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "status": "running"}))
+    messages = launch(config, corpus / "prepared", tmp_path, [1])
+    aside = [p.name for p in run_dir.iterdir() if p.name.startswith("checkpoint_last.pt.unreadable-")]
+    assert len(aside) == 1 and (run_dir / aside[0]).read_bytes() == data[: len(data) // 2]  # kept, not deleted
+    after = run_json(run_dir)
+    assert checkpoint_updates(run_dir / after["resumed_from"]) == 10
+    assert f"seed 1: {run_dir}: checkpoint_last.pt is unreadable (moved to {aside[0]}); resuming from " \
+           f"{after['resumed_from']} (update 10)" in messages
+    assert after["status"] == "done" and after["resumed_from_updates"] == 10 and after["num_updates"] == 15
+    assert after["unreadable_checkpoint"] == str(run_dir / aside[0])
+    assert "@ 10 updates" in (run_dir / "train.log").read_text().split("fairseq_cli.train | done training")[1]
+
+
 def test_finished_checkpoint_with_running_status_is_recorded_without_training(trained, corpus, tmp_path):
     config, root, _ = trained
     run_dir = tmp_path / "tiny" / "seed2"

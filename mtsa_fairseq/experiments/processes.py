@@ -124,7 +124,8 @@ def terminate_on_sigterm() -> None:
 
 def run_command(main: Callable[[], None]) -> None:
     """Run a command's ``main`` so that SIGTERM and Ctrl-C stop its children (the handlers on the way out do)
-    and end it with one line and the shell's exit status for the signal (143, 130) instead of a traceback."""
+    and end it with one line and the shell's exit status for the signal (143, 130) instead of a traceback;
+    an environment failure (a full disk, a directory that vanished, permissions) is one line and status 1."""
     terminate_on_sigterm()
     try:
         main()
@@ -132,6 +133,10 @@ def run_command(main: Callable[[], None]) -> None:
         code = err.exit_code if isinstance(err, Terminated) else 128 + signal.SIGINT
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         sys.exit(code)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str] | None = None,

@@ -3,9 +3,10 @@ learns from a run directory (checkpoint updates, throughput in the log, interval
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.translation.checkpoint_average import (
     EPOCH_CHECKPOINT,
     UPDATE_CHECKPOINT,
@@ -40,11 +42,8 @@ def previous_run(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_run(run_dir: Path, record: dict[str, Any]) -> None:
-    """Write run.json atomically."""
-    path = Path(run_dir) / "run.json"
-    tmp = path.with_name(f".run.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Write run.json atomically: a failed write (a full disk) leaves the previous record whole."""
+    write_json(Path(run_dir) / "run.json", record)
 
 
 def checkpoint_updates(path: Path) -> int | None:
@@ -62,6 +61,42 @@ def mean_train_wps(log_text: str) -> float | None:
     """Mean of fairseq's ``wps`` (target tokens per second) over the logged training intervals."""
     values = [float(v) for v in _WPS.findall(log_text)]
     return sum(values) / len(values) if values else None
+
+
+def resume_point(run_dir: Path, log: Callable[[str], None] = print) -> tuple[int, dict[str, Any]]:
+    """The update a run resumes from, repairing an unreadable ``checkpoint_last.pt`` first.
+
+    fairseq fills ``checkpoint_last.pt`` by copying the checkpoint it has just written, so a full disk or a
+    crash can leave it truncated, and fairseq then refuses to resume for good. Such a file is moved aside
+    (``checkpoint_last.pt.unreadable-<time>``, never deleted) and the newest readable interval or epoch
+    checkpoint is copied into its place (atomically), from which fairseq resumes; with none, the run starts
+    over. Returns the update and what to add to run.json (``resumed_from``, ``unreadable_checkpoint``)."""
+    run_dir = Path(run_dir)
+    last = run_dir / "checkpoint_last.pt"
+    if not last.exists():
+        return 0, {}
+    updates = checkpoint_updates(last)
+    if updates is not None:
+        return updates, {}
+    aside = last.with_name(f"checkpoint_last.pt.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(last, aside)
+    readable = []
+    for path in run_dir.iterdir():
+        if UPDATE_CHECKPOINT.match(path.name) or EPOCH_CHECKPOINT.match(path.name):
+            found = checkpoint_updates(path)
+            if found is not None:
+                readable.append((found, path.stat().st_mtime, path))
+    notes: dict[str, Any] = {"unreadable_checkpoint": str(aside)}
+    if not readable:
+        log(f"{run_dir}: checkpoint_last.pt is unreadable (moved to {aside.name}) and no other checkpoint "
+            "can be read: training starts over")
+        return 0, {**notes, "resumed_from": None}
+    updates, _, newest = max(readable)
+    with atomic_path(last) as tmp:
+        shutil.copyfile(newest, tmp)
+    log(f"{run_dir}: checkpoint_last.pt is unreadable (moved to {aside.name}); resuming from {newest.name} "
+        f"(update {updates})")
+    return updates, {**notes, "resumed_from": newest.name}
 
 
 def interval_snapshots(run_dir: Path, every: int) -> list[Path]:
@@ -90,9 +125,15 @@ def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
 
 
 def record_interrupted(run_dir: Path, record: dict[str, Any], start: float) -> None:
-    """Write ``record`` as interrupted, adding the session begun at ``start`` (``time.monotonic()``)."""
-    write_run(run_dir, {**record, "status": "interrupted",
-                        "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
+    """Write ``record`` as interrupted, adding the session begun at ``start`` (``time.monotonic()``). Best
+    effort: it runs while an interruption or a failure propagates, which a full disk must not replace (the
+    record then keeps its previous state, and the next launch reads the checkpoints, not the record)."""
+    try:
+        write_run(run_dir, {**record, "status": "interrupted",
+                            "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
+    except OSError as err:
+        print(f"warning: could not record the interruption in {Path(run_dir) / 'run.json'}: "
+              f"{err.strerror or err}", file=sys.stderr)
 
 
 def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_mb: float | None,

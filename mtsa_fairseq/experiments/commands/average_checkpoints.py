@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.checkpoint_average import (
     AverageError,
     average_checkpoints,
@@ -19,7 +20,7 @@ from mtsa_fairseq.experiments.translation.checkpoint_average import (
 )
 
 
-def main() -> None:
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inputs", type=Path, nargs="+", required=True,
                         help="checkpoint files, or one save directory with --num-update/epoch-checkpoints")
@@ -58,6 +59,11 @@ def main() -> None:
         sys.exit(f"error: {err}")
     save_checkpoint(state, args.averaged)
     print(f"averaged {len(paths)} checkpoint(s): {', '.join(str(p) for p in paths)} -> {args.averaged}")
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

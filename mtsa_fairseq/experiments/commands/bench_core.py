@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mtsa_fairseq.experiments.processes import run_command
+
 METHODS = ("mtsa", "mtsa-sdpa", "mtsa-triton", "naive", "mha", "mha-flash")
 DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-triton", "mha-flash", "mha"),
                    "core": ("mtsa-sdpa", "mtsa-triton", "mha-flash")}
@@ -165,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
+def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     from mtsa_fairseq.experiments.bench.measure import can_measure, check_positive, device_name, emit, progress
@@ -225,6 +227,11 @@ def main() -> None:
     print(table)
     if args.markdown:
         args.markdown.write_text(f"{meta}\n\n{table}\n")
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from mtsa_fairseq.experiments.processes import run_command
+
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
             "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
 OOM = "OOM"
@@ -174,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
+def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     import torch
@@ -247,6 +249,11 @@ def report(result: dict, plot_path: Path | None) -> None:
         print(f"{name}: not run at longer lengths ({why})")
     if plot_path:
         plot(result, plot_path)
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtsa_fairseq.experiments.processes import run_command
+
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
 
 
@@ -232,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
+def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     import torch
@@ -285,6 +287,11 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.plot:
         plot(result, args.plot)
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate
 
 
-def main() -> None:
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint to evaluate")
     parser.add_argument("--split", default="test", help="split to evaluate (default: test; CV data: the held-out fold)")
@@ -42,6 +43,11 @@ def main() -> None:
     if args.result:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         args.result.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

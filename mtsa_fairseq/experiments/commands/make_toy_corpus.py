@@ -3,10 +3,11 @@
 import argparse
 from pathlib import Path
 
+from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 
-def main() -> None:
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir", type=Path, help="directory for {train,valid,test}.{en,de}")
     parser.add_argument("--train", type=int, default=4000, help="training pairs")
@@ -18,6 +19,11 @@ def main() -> None:
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be positive")
     write_corpus(args.out_dir, {"train": args.train, "valid": args.valid, "test": args.test}, seed=args.seed)
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
 from mtsa_fairseq.experiments.files import write_atomic
+from mtsa_fairseq.experiments.processes import run_command
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (configs/, scripts/)
 
@@ -61,7 +62,7 @@ def runs_table(out: Path, seeds: list[int]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main() -> None:
+def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--multi30k", type=Path, default=ROOT.parent / "shared/data/multi30k",
                         help="directory with the Multi30k task 1 files {train,val,test_2016_flickr,"
@@ -110,6 +111,11 @@ def main() -> None:
     write_atomic(out / "runs.md", table)
     print(table + f"\nreports: {out / 'report.md'} (sacreBLEU), {out / 'report-tokenized.md'} (tokenized, "
           f"compound-split BLEU), {out / 'report.png'}, {out / 'runs.md'}")
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main)
 
 
 if __name__ == "__main__":

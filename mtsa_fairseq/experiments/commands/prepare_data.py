@@ -6,10 +6,9 @@ be plain text or gzip.
 """
 
 import argparse
-import signal
-import sys
 from pathlib import Path
 
+from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.data_prep import (
     MODEL_TYPES,
     NORMALIZATIONS,
@@ -62,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def _main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     cfg = PrepareConfig(
         source_lang=args.source_lang, target_lang=args.target_lang,
@@ -74,11 +73,15 @@ def main(argv: list[str] | None = None) -> None:
         max_ratio=args.max_length_ratio, normalization=args.normalization, workers=args.workers, seed=args.seed,
         overwrite=args.overwrite,
     )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the temporary directory is removed
     try:
         prepare(cfg, log=lambda line: print(line, flush=True))
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(lambda: _main(argv))
 
 
 if __name__ == "__main__":

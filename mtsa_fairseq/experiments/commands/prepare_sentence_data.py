@@ -6,10 +6,9 @@ Tokenisation, filters and the output layout are described in mtsa_fairseq/experi
 """
 
 import argparse
-import signal
-import sys
 from pathlib import Path
 
+from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.sentence.data import (
     CLASS_FILES,
     DATASETS,
@@ -65,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def _main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     cfg = SentenceDataConfig(
         dataset=args.dataset, out=args.out, input=args.input, train=args.train, valid=args.valid, test=args.test,
@@ -73,11 +72,15 @@ def main(argv: list[str] | None = None) -> None:
         trec_valid=args.trec_valid, valid_fraction=args.valid_fraction, clip_percentile=args.clip_percentile,
         fold_seed=args.fold_seed, split_seed=args.split_seed, overwrite=args.overwrite,
     )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so the temporary directory is removed
     try:
         prepare(cfg, log=lambda line: print(line, flush=True))
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(lambda: _main(argv))
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ import numpy as np
 from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, read_json
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
 from mtsa_fairseq.experiments.runs import (
-    checkpoint_updates,
     finish_run,
     mean_train_wps,
     previous_run,
     record_interrupted,
+    resume_point,
     write_run,
 )
 from mtsa_fairseq.experiments.significance import SignificanceError, paired_t_test, t_test
@@ -243,8 +243,9 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
     except LaunchError as exc:
         raise ExperimentError(str(exc)) from exc
     log(f"[experiment] {run.key}: training -> {run_dir}")
-    done = checkpoint_updates(run_dir / "checkpoint_last.pt") or 0
-    record = _run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {})
+    done, repair = resume_point(run_dir, log)
+    record = {**_run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {}),
+              **repair}
     finished = _execute(command, run_dir, record, threads, lock, UpdateProgress(run.key, budget, done, write=log))
     if finished["status"] != "done":
         raise ExperimentError(f"{run.key}: {finished['error']}")

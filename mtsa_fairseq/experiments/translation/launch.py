@@ -23,11 +23,11 @@ from typing import Any
 
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
 from mtsa_fairseq.experiments.runs import (
-    checkpoint_updates,
     finish_run,
     is_done,
     previous_run,
     record_interrupted,
+    resume_point,
     write_run,
 )
 from mtsa_fairseq.experiments.translation import slurm
@@ -115,10 +115,11 @@ def _train(plan_: Plan, run: SeedRun, log: Callable[[str], None]) -> int:
 
 def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lock: RunLock,
                   log: Callable[[str], None]) -> int:
-    resumed_from = checkpoint_updates(run.run_dir / "checkpoint_last.pt") or 0
+    resumed_from, repair = resume_point(run.run_dir, lambda line: log(f"seed {run.seed}: {line}"))
     previous = previous or {}
     record = {**run.record, "status": "running", "resumed_from_updates": resumed_from,
-              "wall_seconds": previous.get("wall_seconds", 0.0), "peak_rss_mb": previous.get("peak_rss_mb")}
+              "wall_seconds": previous.get("wall_seconds", 0.0), "peak_rss_mb": previous.get("peak_rss_mb"),
+              **repair}
     write_run(run.run_dir, record)
     if resumed_from >= record["max_update"]:  # fairseq finished but run.json was not filled in
         log(f"seed {run.seed}: checkpoint_last.pt is at {resumed_from} updates already; recording the run")

@@ -1,0 +1,83 @@
+"""Outputs written whole or not at all (mtsa_fairseq/experiments/files.py) and the commands' one-line failures."""
+
+import errno
+import os
+
+import pytest
+
+from mtsa_fairseq.experiments import files
+from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.runs import record_interrupted, resume_point, write_run
+
+
+def _full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path, monkeypatch):
+    out = tmp_path / "result.json"
+    files.write_json(out, {"bleu": 1.0})
+    monkeypatch.setattr(files.os, "fsync", _full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        files.write_json(out, {"bleu": 2.0})
+    assert out.read_text() == '{\n "bleu": 1.0\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_atomic_path_renames_only_what_was_written_whole(tmp_path):
+    out = tmp_path / "plot.png"
+    with pytest.raises(RuntimeError):
+        with files.atomic_path(out) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("the plot failed")
+    assert not any(tmp_path.iterdir())
+    with files.atomic_path(out) as tmp:
+        tmp.write_bytes(b"whole")
+    assert out.read_bytes() == b"whole" and [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+
+
+@pytest.mark.parametrize("text, readable", [("", False), ("{", False), ("[1]", False), ('{"a": 1}', True)])
+def test_readable_json(tmp_path, text, readable):
+    (tmp_path / "r.json").write_text(text)
+    assert files.readable_json(tmp_path / "r.json") is readable
+    assert files.readable_json(tmp_path / "absent.json") is False
+
+
+def test_run_record_survives_a_full_disk(tmp_path, monkeypatch, capsys):
+    """A failed write keeps the previous record whole (before: a 0-byte temporary and a stale record), and
+    recording an interruption on a full disk warns instead of replacing the interruption."""
+    write_run(tmp_path, {"status": "running", "wall_seconds": 1.0})
+    monkeypatch.setattr(files.os, "fsync", _full_disk)
+    with pytest.raises(OSError):
+        write_run(tmp_path, {"status": "done"})
+    record_interrupted(tmp_path, {"status": "running", "wall_seconds": 1.0}, 0.0)
+    assert "could not record the interruption" in capsys.readouterr().err
+    assert (tmp_path / "run.json").read_text() == '{\n "status": "running",\n "wall_seconds": 1.0\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_resume_point_without_checkpoints_or_with_none_readable(tmp_path):
+    assert resume_point(tmp_path, print) == (0, {})
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"PK\x03\x04 truncated")
+    lines = []
+    updates, notes = resume_point(tmp_path, lines.append)
+    assert updates == 0 and notes["resumed_from"] is None
+    assert not (tmp_path / "checkpoint_last.pt").exists()
+    assert os.path.basename(notes["unreadable_checkpoint"]).startswith("checkpoint_last.pt.unreadable-")
+    assert lines == [f"{tmp_path}: checkpoint_last.pt is unreadable (moved to "
+                     f"{os.path.basename(notes['unreadable_checkpoint'])}) and no other checkpoint can be read: "
+                     "training starts over"]
+
+
+@pytest.mark.parametrize("error, line", [
+    (OSError(errno.ENOSPC, "No space left on device", "/out/r.json"), "error: No space left on device (/out/r.json)"),
+    (PermissionError(errno.EACCES, "Permission denied"), "error: Permission denied"),
+])
+def test_environment_failures_are_one_line_and_status_1(capsys, error, line):
+    def main():
+        raise error
+
+    with pytest.raises(SystemExit) as exit_:
+        run_command(main)
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [line]

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
 from mtsa_fairseq.experiments.commands import multi30k_study as study
@@ -57,3 +58,66 @@ def test_runs_table_has_one_row_per_run(tmp_path):
     (tmp_path / "results" / "multi30k_mtsa_seed7_test_2017_flickr.json").unlink()
     with pytest.raises(RuntimeError, match="result not found"):
         study.runs_table(tmp_path, [7])
+
+
+def _valid_line(update: int, loss: float, bleu: float) -> str:
+    return (f"2026-11-25 00:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss {loss} | "
+            f"nll_loss 1.0 | ppl 2.0 | bleu {bleu} | wps 100 | wpb 100 | bsz 10 | num_updates {update}\n")
+
+
+def _fake_study(out: Path) -> None:
+    """What the pipeline and scoring leave for seeds 1 and 2: run records, logs, results of both kinds and the
+    two significance reports (only the fields the study report reads)."""
+    for role, config in study.CONFIGS.items():
+        for seed in (1, 2):
+            run_dir = out / "runs" / config.stem / f"seed{seed}"
+            run_dir.mkdir(parents=True)
+            (run_dir / "run.json").write_text(json.dumps({
+                "schema": RUN_SCHEMA, "system": role, "max_update": 600, "num_updates": 600, "wall_seconds": 60.0,
+                "train_target_tokens_per_second": 1000.0}))
+            (run_dir / "train.log").write_text("".join(_valid_line(u, 5 - u / 300, u / 20 + seed)
+                                                       for u in (200, 400, 600)))
+            for test in study.TESTS:
+                for kind in study.KINDS:
+                    path = study.result_path(out, config, seed, test, kind)
+                    path.parent.mkdir(exist_ok=True)
+                    bleu = 30.0 + seed + (0.5 if kind == "avg5" else 0) + (1 if role == "system" else 0)
+                    path.write_text(json.dumps({"schema": RESULT_SCHEMA, "num_params": 7, "bleu": {"sacrebleu": bleu}}))
+    for kind, name in (("last", "report.json"), ("avg5", "report-avg5.json")):
+        groups = [{"test_set": test, "paired": [], "t_test": {
+            "mean_baseline": 31.5, "std_baseline": 0.7, "n_baseline": 2, "mean_system": 32.5, "std_system": 0.7,
+            "n_system": 2, "t": 1.4, "df": 2.0, "p_two_sided": 0.3, "p_greater": 0.15}} for test in study.TESTS]
+        (out / name).write_text(json.dumps({"schema": "mtsa-fairseq.significance.v1", "signature": f"sig-{kind}",
+                                            "groups": groups}))
+
+
+def test_study_report_holds_curves_both_checkpoints_and_the_tests(tmp_path):
+    _fake_study(tmp_path)
+    report = study.study_report(tmp_path, [1, 2])
+    assert report["schema"] == study.STUDY_SCHEMA and report["averaged_epochs"] == 5
+    first = report["runs"][0]
+    assert (first["system"], first["seed"], first["max_update"]) == ("Transformer", 1, 600)
+    assert first["valid_bleu"] == [[200, 11.0], [400, 21.0], [600, 31.0]]
+    assert first["plateau"]["plateaued"] is False  # still gaining 10 BLEU in the last quarter
+    assert first["test"] == {test: {"last": 31.0, "avg5": 31.5} for test in study.TESTS}
+    assert report["runs"][3]["system"] == "MTSA" and report["runs"][3]["test"]["test_2016_flickr"]["last"] == 33.0
+    assert set(report["summary"]) == set(study.TESTS)
+    summary = report["summary"]["test_2017_flickr"]
+    assert set(summary) == {"last", "avg5"}
+    assert summary["avg5"]["MTSA"] == {"mean": 32.5, "std": 0.7, "n": 2}
+    assert summary["avg5"]["welch"]["p_two_sided"] == 0.3
+
+
+def test_probe_curves_and_averaged_checkpoint(tmp_path):
+    _fake_study(tmp_path)
+    runs = study.write_curves(tmp_path, [1, 2], "probe")
+    assert json.loads((tmp_path / "curves.json").read_text())["runs"] == json.loads(json.dumps(runs))
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    run_dir = tmp_path / "runs" / "multi30k_mtsa" / "seed1"
+    for epoch in range(1, 8):  # the last five (3..7) are averaged
+        torch.save({"model": {"w": torch.full((2,), float(epoch))},
+                    "optimizer_history": [{"num_updates": 100 * epoch}]}, run_dir / f"checkpoint{epoch}.pt")
+    averaged = study.averaged_checkpoint(run_dir)
+    assert averaged.name == "checkpoint_avg5.pt"
+    state = torch.load(averaged, weights_only=True)
+    assert state["model"]["w"].tolist() == [5.0, 5.0] and state["optimizer_history"][-1]["num_updates"] == 700

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mtsa_fairseq.experiments.files import write_atomic
 from mtsa_fairseq.experiments.processes import run_command
 
 METHODS = ("mtsa", "mtsa-sdpa", "mtsa-triton", "naive", "mha", "mha-flash")
@@ -226,7 +227,7 @@ def _main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.markdown:
-        args.markdown.write_text(f"{meta}\n\n{table}\n")
+        write_atomic(args.markdown, f"{meta}\n\n{table}\n")
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.processes import run_command
 
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
@@ -133,7 +134,8 @@ def plot(result: dict, path: Path) -> None:
     axes[1].legend(fontsize=8, loc="upper left")
     fig.suptitle(textwrap.fill(result["settings"], 160), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -206,7 +208,7 @@ def _main() -> None:
             parser.error(f"no such file: {', '.join(missing)}")
         result = merge(args.from_json)
         if args.json:
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            write_json(args.json, result, indent=2)
         report(result, args.plot)
         return
     if args.lengths != sorted(set(args.lengths)) or min(args.lengths) < 2:
@@ -239,7 +241,7 @@ def _main() -> None:
             f"{n.removesuffix('_encoder')} " + (OOM if mb[n] == OOM else f"{ms[n]:.0f} ms {mb[n]:.0f} MB")
             for n in mb), flush=True)
         if args.json:
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            write_json(args.json, result, indent=2)
     report(result, args.plot)
 
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command
 
 ARCHS = ("transformer_wmt_en_de", "transformer_mtsa_wmt_en_de")
@@ -92,7 +93,7 @@ def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int,
     child = [sys.executable, __file__, "--child", json.dumps(fairseq_args(args, data, arch, max_tokens))]
     proc = subprocess.run(child, capture_output=True, text=True)
     if args.logs is not None:
-        (args.logs / f"{arch}-{max_tokens}-run{run}.log").write_text(proc.stdout + proc.stderr)
+        write_atomic(args.logs / f"{arch}-{max_tokens}-run{run}.log", proc.stdout + proc.stderr)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
         raise RuntimeError(f"{arch} at --max-tokens {max_tokens} failed (exit status {proc.returncode}):\n"
@@ -203,9 +204,9 @@ def _main() -> None:
     table = markdown(result)
     print(table)
     if args.markdown is not None:
-        args.markdown.write_text(table)
+        write_atomic(args.markdown, table)
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
 
 
 def main() -> None:

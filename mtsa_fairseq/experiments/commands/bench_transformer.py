@@ -17,7 +17,6 @@ Writes a Markdown table (``--markdown``), the raw numbers (``--json``) and a plo
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -25,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtsa_fairseq.experiments.files import atomic_path, write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
@@ -207,7 +207,8 @@ def plot(result: dict, path: Path) -> None:
     axes[1].set_yscale("log")
     fig.suptitle(result["settings"], fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -282,9 +283,9 @@ def _main() -> None:
     table = markdown(result)
     print(table)
     if args.markdown:
-        args.markdown.write_text(table)
+        write_atomic(args.markdown, table)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result, indent=2)
     if args.plot:
         plot(result, args.plot)
 

@@ -9,12 +9,12 @@ per-example predictions. For cross-validation data the checkpoint's --cv-fold is
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+from mtsa_fairseq.experiments.files import write_json
 from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate
 
@@ -42,7 +42,7 @@ def _main() -> None:
           f"{result['num_updates']} updates): {shown}")
     if args.result:
         args.result.parent.mkdir(parents=True, exist_ok=True)
-        args.result.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.result, result)
 
 
 def main() -> None:

@@ -2,12 +2,24 @@
 
 Multi30k task 1 En-De (train 29,000 / val 1,014 / test_2016_flickr / test_2017_flickr) -> the project's data
 script (joint 8k sentencepiece) -> configs/multi30k_transformer.yaml and configs/multi30k_mtsa.yaml, N seeds
-each, trained side by side on one CPU core each -> BLEU on both test sets -> Welch's t-test, paired bootstrap
-and approximate randomization (scripts/pipeline.py does all of that; OUT/report.md), the same t-test on the
-tokenized, compound-split BLEU (OUT/report-tokenized.md) -> OUT/runs.md, one row per run with its wall time,
-training throughput, peak memory, parameters and BLEU.
+each, trained side by side on one CPU core each, validation BLEU every epoch -> BLEU on both test sets of
+checkpoint_last.pt (the MTSA paper's protocol) and of the average of the last 5 epoch checkpoints (the
+Transformer paper's) -> Welch's t-test, paired bootstrap and approximate randomization for each
+(scripts/pipeline.py does the first; OUT/report.md, OUT/report-avg5.md), the t-test on the tokenized,
+compound-split BLEU (OUT/report-tokenized.md) -> OUT/runs.md (a row per run: wall time, throughput, peak
+memory, parameters, BLEU), OUT/curves.png (validation BLEU and loss of every run) and OUT/study.json (per run
+its validation curve and test BLEU, per test set and checkpoint the means, standard deviations and Welch
+p-values).
 
-  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study
+  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 4 5 6
+
+The learning-curve probe that fixes the budget on validation data, before any test set is scored:
+
+  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-probe --seeds 1 \\
+      --max-update 20000 --train-only
+
+writes OUT/curves.json and OUT/curves.png with the plateau rule's verdict per run (the best validation BLEU
+after 3/4 of the updates gains less than 0.3 over the best before).
 
 Rerunning the same command skips finished runs (keyed by config and seed) and existing scores, continues an
 interrupted run from its checkpoint_last.pt and rewrites the reports.
@@ -21,13 +33,24 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
-from mtsa_fairseq.experiments.files import write_atomic
+from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.translation.checkpoint_average import (
+    AverageError,
+    average_checkpoints,
+    last_checkpoints,
+    save_checkpoint,
+)
+from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, run_curve
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (configs/, scripts/)
 
 CONFIGS = {"baseline": ROOT / "configs/multi30k_transformer.yaml", "system": ROOT / "configs/multi30k_mtsa.yaml"}
+NAMES = {"baseline": "Transformer", "system": "MTSA"}
 TESTS = ("test_2016_flickr", "test_2017_flickr")
+AVERAGED = 5  # epoch checkpoints averaged (fairseq's average_checkpoints.py --num-epoch-checkpoints 5)
+KINDS = {"last": "", "avg5": "_avg5"}  # checkpoint kind -> result file suffix
+STUDY_SCHEMA = "mtsa-fairseq.multi30k-study.v1"
 
 
 def raw_files(multi30k: Path) -> dict[str, tuple[Path, Path]]:
@@ -60,6 +83,104 @@ def runs_table(out: Path, seeds: list[int]) -> str:
                         f"{scores[0]['num_params']:,} | " + " | ".join(f"{s['bleu']['sacrebleu']:.2f}" for s in scores)
                         + " |")
     return "\n".join(rows) + "\n"
+
+
+def result_path(out: Path, config: Path, seed: int, test: str, kind: str) -> Path:
+    """The result file of one run, test set and checkpoint kind (``last`` is the pipeline's own)."""
+    return out / "results" / f"{config.stem}_seed{seed}_{test}{KINDS[kind]}.json"
+
+
+def averaged_checkpoint(run_dir: Path) -> Path:
+    """``run_dir/checkpoint_avg5.pt``, the parameter average of the run's last 5 epoch checkpoints (written
+    once, atomically, so an existing file is whole)."""
+    out = run_dir / f"checkpoint_avg{AVERAGED}.pt"
+    if not out.is_file():
+        save_checkpoint(average_checkpoints(last_checkpoints(run_dir, AVERAGED, "epoch")), out)
+    return out
+
+
+def score_averaged(out: Path, seeds: list[int]) -> None:
+    """Score every run's averaged checkpoint on both test sets (scores that exist are kept)."""
+    for config in CONFIGS.values():
+        for seed in seeds:
+            checkpoint = averaged_checkpoint(out / "runs" / config.stem / f"seed{seed}")
+            for test in TESTS:
+                result = result_path(out, config, seed, test, "avg5")
+                if readable_json(result):
+                    continue
+                cmd = [sys.executable, str(ROOT / "scripts/score.py"), "--checkpoint", str(checkpoint), "--data",
+                       str(out / "data"), "--test", test, "--result", str(result), "--overwrite"]
+                if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+                    sys.exit(f"error: scoring {checkpoint} on {test} failed")
+
+
+def significance(out: Path, seeds: list[int], kind: str, metric: str, stem: str) -> None:
+    """scripts/significance.py over the runs' ``kind`` results: OUT/<stem>.md and .json."""
+    files = {role: [str(result_path(out, config, seed, test, kind)) for seed in seeds for test in TESTS]
+             for role, config in CONFIGS.items()}
+    cmd = [sys.executable, str(ROOT / "scripts/significance.py"), "--baseline", *files["baseline"], "--system",
+           *files["system"], "--names", NAMES["baseline"], NAMES["system"], "--metric", metric, "--markdown",
+           str(out / f"{stem}.md"), "--json", str(out / f"{stem}.json"), "--overwrite"]
+    if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+        sys.exit(f"error: the significance report {stem} failed")
+
+
+def run_curves(out: Path, seeds: list[int]) -> dict[str, dict]:
+    """Every run's validation curve and plateau verdict, keyed ``"<system> seed <k>"``."""
+    runs = {}
+    for role, config in CONFIGS.items():
+        for seed in seeds:
+            curve = run_curve(out / "runs" / config.stem / f"seed{seed}")
+            runs[f"{NAMES[role]} seed {seed}"] = {"config": config.stem, "seed": seed, "curve": curve,
+                                                   "plateau": plateau(curve)}
+    return runs
+
+
+def write_curves(out: Path, seeds: list[int], title: str) -> dict[str, dict]:
+    """OUT/curves.json and OUT/curves.png from the runs' logs; returns the curves."""
+    runs = run_curves(out, seeds)
+    write_json(out / "curves.json", {"schema": STUDY_SCHEMA, "runs": runs})
+    plot_curves({label: run["curve"] for label, run in runs.items()}, out / "curves.png", title)
+    return runs
+
+
+def study_report(out: Path, seeds: list[int]) -> dict:
+    """The machine-readable study: per run its validation curve and test BLEU of both checkpoint kinds; per
+    test set and kind the two systems' means, standard deviations and Welch's test."""
+    curves = run_curves(out, seeds)
+    runs = []
+    for role, config in CONFIGS.items():
+        for seed in seeds:
+            record = read_json(out / "runs" / config.stem / f"seed{seed}" / "run.json", RUN_SCHEMA, "run record",
+                               RuntimeError)
+            curve = curves[f"{NAMES[role]} seed {seed}"]
+            results = {test: {kind: read_json(result_path(out, config, seed, test, kind), RESULT_SCHEMA, "result",
+                                              RuntimeError) for kind in KINDS} for test in TESTS}
+            runs.append({
+                "system": NAMES[role], "config": config.stem, "seed": seed, "max_update": record["max_update"],
+                "num_updates": record["num_updates"], "wall_seconds": record["wall_seconds"],
+                "train_target_tokens_per_second": record["train_target_tokens_per_second"],
+                "num_params": results[TESTS[0]]["last"]["num_params"],
+                "valid_bleu": [[p["update"], p["bleu"]] for p in curve["curve"] if "bleu" in p],
+                "valid_loss": [[p["update"], p["loss"]] for p in curve["curve"]], "plateau": curve["plateau"],
+                "test": {test: {kind: results[test][kind]["bleu"]["sacrebleu"] for kind in KINDS} for test in TESTS},
+            })
+    summary: dict[str, dict] = {}
+    signature = None
+    for kind in KINDS:
+        report = read_json(out / f"report{KINDS[kind].replace('_', '-')}.json", "mtsa-fairseq.significance.v1",
+                           "significance report", RuntimeError)
+        signature = report["signature"]
+        for group in report["groups"]:
+            t = group["t_test"]
+            summary.setdefault(group["test_set"], {})[kind] = {
+                NAMES["baseline"]: {"mean": t["mean_baseline"], "std": t["std_baseline"], "n": t["n_baseline"]},
+                NAMES["system"]: {"mean": t["mean_system"], "std": t["std_system"], "n": t["n_system"]},
+                "welch": {"t": t["t"], "df": t["df"], "p_two_sided": t["p_two_sided"], "p_greater": t["p_greater"]},
+                "paired": group["paired"],
+            }
+    return {"schema": STUDY_SCHEMA, "sacrebleu_signature": signature, "averaged_epochs": AVERAGED,
+            "runs": runs, "summary": summary}
 
 
 def _main() -> None:
@@ -96,21 +217,28 @@ def _main() -> None:
         cmd.append("--train-only")
     if subprocess.run(cmd).returncode != 0:
         sys.exit("error: the pipeline failed (its logs are in --out)")
-    if args.train_only:
-        return
     out = args.out.resolve()
-    results = {role: [str(out / "results" / f"{config.stem}_seed{seed}_{test}.json") for seed in args.seeds
-                      for test in TESTS] for role, config in CONFIGS.items()}
-    tokenized = [sys.executable, str(ROOT / "scripts/significance.py"), "--baseline", *results["baseline"],
-                 "--system", *results["system"], "--names", "Transformer", "MTSA", "--metric",
-                 "tokenized_compound_split", "--markdown", str(out / "report-tokenized.md"), "--json",
-                 str(out / "report-tokenized.json"), "--overwrite"]
-    if subprocess.run(tokenized, stdout=subprocess.DEVNULL).returncode != 0:
-        sys.exit("error: the tokenized-BLEU significance report failed")
+    if args.train_only:
+        runs = write_curves(out, args.seeds, "Multi30k probe: validation curves")
+        for label, run in runs.items():
+            verdict = run["plateau"]
+            print(f"{label}: last validation at update {verdict['last_update']}, gain of the last quarter "
+                  f"{verdict['gain']} BLEU: {'plateau' if verdict['plateaued'] else 'not yet on a plateau'}")
+        print(f"curves: {out / 'curves.json'}, {out / 'curves.png'}")
+        return
+    try:
+        score_averaged(out, args.seeds)
+    except AverageError as err:
+        sys.exit(f"error: {err}")
+    significance(out, args.seeds, "avg5", "sacrebleu", "report-avg5")
+    significance(out, args.seeds, "last", "tokenized_compound_split", "report-tokenized")
     table = runs_table(out, args.seeds)
     write_atomic(out / "runs.md", table)
-    print(table + f"\nreports: {out / 'report.md'} (sacreBLEU), {out / 'report-tokenized.md'} (tokenized, "
-          f"compound-split BLEU), {out / 'report.png'}, {out / 'runs.md'}")
+    write_curves(out, args.seeds, "Multi30k study: validation curves of every run")
+    write_json(out / "study.json", study_report(out, args.seeds))
+    print(table + f"\nreports: {out / 'report.md'} (sacreBLEU, checkpoint_last), {out / 'report-avg5.md'} "
+          f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {out / 'report-tokenized.md'} "
+          f"(tokenized, compound-split BLEU), {out / 'runs.md'}, {out / 'curves.png'}, {out / 'study.json'}")
 
 
 def main() -> None:

@@ -13,12 +13,12 @@ metric against updates, per architecture).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command, stop_children
 from mtsa_fairseq.experiments.sentence.experiment import (
     ExperimentError,
@@ -89,8 +89,8 @@ def _write_report(config: TaskConfig, results: list[dict], args: argparse.Namesp
                         "num_params_without_embeddings": r["num_params_without_embeddings"],
                         "train_words_per_second": r["train_words_per_second"], "split": r["split"],
                         "dev_curve": r.get("dev_curve")} for r in results]
-    (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "report.md").write_text(report_markdown(summary))
+    write_json(out / "report.json", summary)
+    write_atomic(out / "report.md", report_markdown(summary))
     plot_dev_curves(summary["runs"], config.metric, config.name, out / "dev-curves.png")
     print(report_markdown(summary))
 

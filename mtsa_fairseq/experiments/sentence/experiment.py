@@ -22,7 +22,6 @@ other folds, last update) with paired t-tests over the folds (:func:`cross_valid
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import time
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, read_json
+from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
 from mtsa_fairseq.experiments.runs import (
     finish_run,
@@ -261,9 +261,7 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
                   train_seconds=finished["wall_seconds"],
                   train_words_per_second=None if wps is None else round(wps, 1))
     result_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(result_path)
+    write_json(result_path, result)
     shown = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
     log(f"[experiment] {run.key}: {split} {shown}")
     return result
@@ -435,5 +433,6 @@ def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Pa
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from mtsa_fairseq.experiments.files import write_atomic
+
 NOUNS = {  # source lemma: (target lemma, gender)
     "dog": ("hund", "m"), "cat": ("katze", "f"), "house": ("haus", "n"), "tree": ("baum", "m"),
     "bird": ("vogel", "m"), "car": ("wagen", "m"), "door": ("tuer", "f"), "child": ("kind", "n"),
@@ -55,5 +57,5 @@ def write_corpus(out_dir: Path, sizes: dict[str, int], seed: int = 1, src: str =
     out_dir.mkdir(parents=True, exist_ok=True)
     for split, n in sizes.items():
         pairs = [sentence_pair(rng) for _ in range(n)]
-        (out_dir / f"{split}.{src}").write_text("".join(s + "\n" for s, _ in pairs))
-        (out_dir / f"{split}.{tgt}").write_text("".join(t + "\n" for _, t in pairs))
+        write_atomic(out_dir / f"{split}.{src}", "".join(s + "\n" for s, _ in pairs))
+        write_atomic(out_dir / f"{split}.{tgt}", "".join(t + "\n" for _, t in pairs))

@@ -14,6 +14,7 @@ from fairseq import checkpoint_utils, options, tasks
 
 import mtsa_fairseq
 from mtsa_fairseq.checkpoint_safety import FAIRSEQ_CHECKPOINT_GLOBALS
+from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 
@@ -192,6 +193,15 @@ def test_sequence_generator_with_decoder_mtsa_equals_full_forward(tmp_path, dtyp
                 if atol is not None:
                     torch.testing.assert_close(hypo["positional_scores"], full.float(), rtol=0, atol=atol)
     assert len(hypos) == 3 and all(len(beam) == 3 for beam in hypos)
+
+
+def test_mtsa_kernel_option_reaches_every_mtsa_layer(tmp_path):
+    _, model = _build(tmp_path, "transformer_mtsa_tiny", "--decoder-self-attention-type", "mtsa", "--mtsa-kernel",
+                      "dense", vocab=48)
+    layers = [m for m in model.modules() if isinstance(m, MTSAMultiheadAttention)]
+    assert len(layers) == 4 and {m.kernel for m in layers} == {"dense"}
+    _, model = _build(tmp_path, "transformer_mtsa_tiny", vocab=48)
+    assert {m.kernel for m in model.modules() if isinstance(m, MTSAMultiheadAttention)} == {"auto"}
 
 
 def test_decoder_mtsa_rejects_exp_source2token_at_build(tmp_path):

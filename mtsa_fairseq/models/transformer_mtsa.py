@@ -20,6 +20,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import nn
 
 from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
+from ..modules.mtsa_core import KERNELS
 from ..modules.per_head import ACTIVATIONS
 from .options import Option, apply_defaults, option_value
 
@@ -38,6 +39,9 @@ MTSA_OPTIONS = (
            metavar="B"),
     Option("--mtsa-s2t-hidden-activation", "none", "activation of an extra per-head source2token layer "
            "(afn_extra); none = the single layer the authors ran", choices=("none", *sorted(ACTIVATIONS))),
+    Option("--mtsa-kernel", "auto", "how the MTSA layers compute their attention core (mtsa_core's kernel): auto "
+           "picks two SDPA calls for the exp form, the fused Triton kernel for sigmoid forms on CUDA; sdpa, dense, "
+           "flex and triton force one (docs/kernel.md)", choices=KERNELS),
     Option("--mtsa-bi-directional", False, "forward masks on the first half of the encoder heads, backward on the "
            "rest (diagonal included); off as the authors ran; the decoder is always causal"),
 )
@@ -64,6 +68,7 @@ def _mtsa_attention(
         s2t_activation=mtsa_option(cfg, "mtsa_s2t_activation"),
         s2t_bias_init=mtsa_option(cfg, "mtsa_s2t_bias_init"),
         s2t_hidden_activation=None if hidden == "none" else hidden,
+        kernel=mtsa_option(cfg, "mtsa_kernel"),
         **masks,
     )
 

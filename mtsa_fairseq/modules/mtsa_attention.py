@@ -13,7 +13,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .mtsa_core import head_directions, mtsa_core
+from .mtsa_core import KERNELS, head_directions, mtsa_core
 from .per_head import PerHeadLinear, activation
 
 S2T_INPUTS = ("v", "k")
@@ -43,7 +43,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
             forms are shifted by a sequence-wide maximum (reference §8.4), which would let later
             tokens underflow earlier outputs.
 
-    The attribute ``kernel`` (default ``"auto"``) is passed to :func:`mtsa_core` (e.g. ``"sdpa"`` or ``"triton"``).
+    ``kernel`` (default ``"auto"``; the models' ``--mtsa-kernel``) is passed to :func:`mtsa_core` (e.g. ``"sdpa"``
+    or ``"triton"``).
     """
 
     def __init__(
@@ -60,11 +61,14 @@ class MTSAMultiheadAttention(MultiheadAttention):
         s2t_hidden_activation: str | None = None,
         bi_directional: bool = False,
         causal: bool = False,
+        kernel: str = "auto",
     ):
         if s2t_input not in S2T_INPUTS:
             raise ValueError(f"s2t_input must be one of {S2T_INPUTS}, got {s2t_input!r}")
         if s2t_activation not in S2T_ACTIVATIONS:
             raise ValueError(f"s2t_activation must be one of {S2T_ACTIVATIONS}, got {s2t_activation!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if causal and bi_directional:
             raise ValueError("causal attention has its own mask; bi_directional head masks would see the future")
         if causal and not s2t_activation.endswith("sigmoid"):
@@ -88,7 +92,7 @@ class MTSAMultiheadAttention(MultiheadAttention):
             activation(s2t_hidden_activation)
             self.s2t_hidden = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=0.0)
         self.s2t = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=s2t_bias_init)
-        self.kernel = "auto"
+        self.kernel = kernel
 
     def source2token(self, x: Tensor) -> Tensor:
         """The source2token logits ``S`` (scaled for the ``scaled_`` forms) from per-head ``x [B, H, L, d_v]``

@@ -38,21 +38,17 @@ def build_model(arch: str, vocab: int, device: str, dtype: str, kernel: str = "a
     from fairseq import options, tasks
 
     import mtsa_fairseq
-    from mtsa_fairseq.modules import MTSAMultiheadAttention
 
     with tempfile.TemporaryDirectory() as data:
         for lang in ("en", "de"):
             Path(data, f"dict.{lang}.txt").write_text("".join(f"tok{i} 1\n" for i in range(vocab - 4)))
         argv = [data, "--user-dir", str(Path(mtsa_fairseq.__file__).parent), "--arch", arch, "-s", "en", "-t", "de",
                 "--task", "translation", "--share-all-embeddings", "--criterion", "label_smoothed_cross_entropy",
-                "--label-smoothing", "0.1"]
+                "--label-smoothing", "0.1", *(["--mtsa-kernel", kernel] if "mtsa" in arch else [])]
         args = options.parse_args_and_arch(options.get_training_parser(), argv)
         task = tasks.setup_task(args)
         model = task.build_model(args)
         criterion = task.build_criterion(args)
-    for module in model.modules():
-        if isinstance(module, MTSAMultiheadAttention):
-            module.kernel = kernel
     return model.to(device=device, dtype=getattr(torch, dtype)).train(), criterion
 
 

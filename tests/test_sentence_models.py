@@ -24,7 +24,7 @@ from mtsa_fairseq.models.sentence_encoder import SentenceEncoderModel
 from mtsa_fairseq.modules.word_embedding import WordEmbedding, read_vectors
 
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "disan_encoder", "disan_undirected_encoder", "stacked_mtsa_encoder",
-         "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
+         "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder", "multi_head_proj_encoder")
 WORDS = "the cat sat on a mat dog ran far".split()
 
 

@@ -1,4 +1,10 @@
-from .baseline_encoders import BiLSTMEncoder, HierarchicalCNNEncoder, MultiCNNEncoder, MultiHeadEncoder
+from .baseline_encoders import (
+    BiLSTMEncoder,
+    HierarchicalCNNEncoder,
+    MultiCNNEncoder,
+    MultiHeadEncoder,
+    ProjectedMultiHeadEncoder,
+)
 from .disan import DiSABlock, DiSAN, MultiDimSource2Token
 from .mtsa_attention import MTSAMultiheadAttention
 from .mtsa_core import mtsa_core
@@ -7,5 +13,5 @@ from .stacked_mtsa import StackedMTSA
 
 __all__ = [
     "BiLSTMEncoder", "DiSABlock", "DiSAN", "HierarchicalCNNEncoder", "MTSAMultiheadAttention", "MultiCNNEncoder",
-    "MultiDimSource2Token", "MultiHeadEncoder", "SentenceMTSA", "StackedMTSA", "mtsa_core",
+    "MultiDimSource2Token", "MultiHeadEncoder", "ProjectedMultiHeadEncoder", "SentenceMTSA", "StackedMTSA", "mtsa_core",
 ]

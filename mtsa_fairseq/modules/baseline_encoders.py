@@ -164,10 +164,78 @@ class HierarchicalCNNEncoder(nn.Module):
         return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
 
 
+def authors_positional_encoding(positions: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
+    """The positional encoding of the authors' multi-head baseline (reference §4.5 step 1), ``[B, L, dim]``:
+    feature f even ``sin(p / 10000^(2f/dim))``, f odd ``cos(p / 10000^(2(f-1)/dim))`` (twice Vaswani et al.'s
+    exponent, as the code has it)."""
+    f = torch.arange(dim, device=positions.device, dtype=dtype)
+    exponent = 2.0 * (f - (f % 2)) / dim
+    angles = positions.to(dtype)[..., None] / torch.pow(torch.tensor(10000.0, dtype=dtype), exponent)
+    return torch.where(f % 2 == 0, torch.sin(angles), torch.cos(angles))
+
+
 class MultiHeadEncoder(nn.Module):
-    """Multi-head attention baseline (DiSAN paper, "Multi-head": one layer of multi-head attention
-    (Vaswani et al., 2017) with 8 heads, sinusoidal positional encoding added to the input) +
-    source2token pooling.
+    """The papers' multi-head attention baseline as the authors' code computes it (BiBloSA's
+    ``multi_head_attention``, reference §4.5) + multi-dimensional source2token pooling::
+
+        h          = x + PE(position)                       (the authors' encoding; pad rows 0)
+        Q, K, V    = dropout_m,n(h) W[m, n]                 m in q/k/v, n a head: one bias-free weight
+                                                            W [3, heads, d_in, units], its own dropout mask
+                                                            for every (m, n) copy of the input
+        A          = softmax(Q K^T / sqrt(units))           over keys; key AND query mask
+        out        = concat_n(dropout(A) V)                 [B, L, heads * units]; no output projection,
+                                                            residual or layer norm
+
+    ``W`` starts as TF's glorot-uniform for its shape (fans ``3 heads d_in`` and ``3 heads units``). The
+    authors number positions from the first token of right-padded rows; here positions count real tokens, which
+    is the same there and keeps left padding from shifting them. Their padded query rows attend uniformly and
+    are ignored by the pooling; here they are zeroed.
+
+    Args:
+        input_dim: embedding width. num_heads: heads (8 in the papers). head_dim: units per head (75).
+        dropout: the authors' one keep probability as ``1 - keep``: on the input copies, the attention
+            probabilities and the pooling layers' inputs.
+        pool_activation: activation of the pooling's hidden layer.
+    """
+
+    def __init__(self, input_dim: int, num_heads: int = 8, head_dim: int = 75, dropout: float = 0.0,
+                 pool_activation: str = "elu"):
+        super().__init__()
+        self.input_dim, self.num_heads, self.head_dim, self.dropout = input_dim, num_heads, head_dim, dropout
+        self.weight = nn.Parameter(torch.empty(3, num_heads, input_dim, head_dim))
+        limit = math.sqrt(6.0 / (3 * num_heads * (input_dim + head_dim)))
+        nn.init.uniform_(self.weight, -limit, limit)
+        self.output_dim = num_heads * head_dim
+        self.pool = MultiDimSource2Token(self.output_dim, pool_activation, dropout)
+
+    def encode_tokens(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Per-token outputs ``[B, L, heads * units]`` (pad rows 0)."""
+        batch, length, _ = x.shape
+        positions = real_positions(key_padding_mask, batch, length, x.device)
+        h = zero_pads(x + authors_positional_encoding(positions, self.input_dim, x.dtype), key_padding_mask)
+        if self.training and self.dropout > 0:  # an independent mask for each of the 3 x heads copies
+            copies = F.dropout(h.expand(3, self.num_heads, *h.shape), self.dropout, True)
+            q, k, v = torch.einsum("mnbld,mndu->mnblu", copies, self.weight).unbind(0)
+        else:
+            q, k, v = torch.einsum("bld,mndu->mnblu", h, self.weight).unbind(0)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # [heads, B, L, L]
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[None, :, None, :], float("-inf"))
+            scores = scores.masked_fill(key_padding_mask.all(dim=1)[None, :, None, None], 0.0)  # no NaN rows
+        probs = F.dropout(torch.softmax(scores, dim=-1), self.dropout, self.training)
+        out = (probs @ v).permute(1, 2, 0, 3).reshape(batch, length, self.output_dim)
+        return zero_pads(out, key_padding_mask)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, input_dim]`` -> ``[B, heads * units]``."""
+        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
+
+
+class ProjectedMultiHeadEncoder(nn.Module):
+    """A multi-head attention baseline built from ``nn.MultiheadAttention`` (Vaswani et al.'s encoding, a
+    biased input projection to ``heads * head_dim``, biased in- and output projections) + source2token
+    pooling; the project's first baseline, kept to reproduce the results measured with it
+    (``multi_head_proj_encoder``); :class:`MultiHeadEncoder` is the authors'.
 
     Positions count real tokens only, padded keys are masked, and padded outputs are zeroed. A fully
     padded row attends over its (padded) keys to stay NaN-free and is then zeroed.

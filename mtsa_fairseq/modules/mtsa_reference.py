@@ -6,6 +6,8 @@
   ``[B, H, L, L]`` with a raw ``exp`` (it overflows in half precision, as theirs does), the guarded
   denominator, and dropout ``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S`` in the numerator only.
 * :func:`disa_naive` is DiSAN's directional attention with the full ``[B, L, L, d]`` logits (reference §4.1).
+* :func:`multi_head_literal` is the papers' multi-head attention baseline, the authors' ``multi_head_attention``
+  line by line (reference §4.5). No dropout.
 """
 
 from __future__ import annotations
@@ -73,3 +75,27 @@ def disa_naive(
     logits = 5.0 * torch.tanh((head[:, :, None, :] + dep[:, None, :, :] + bias) / 5.0)
     probs = torch.softmax(logits + (1.0 - mask) * -1e30, dim=2) * mask
     return (probs * values[:, None, :, :]).sum(dim=2)
+
+
+def multi_head_literal(rep: Tensor, rep_mask: Tensor, weight: Tensor) -> Tensor:
+    """The authors' ``multi_head_attention`` transcribed (reference §4.5 steps 1-4), for right-padded
+    ``rep [B, L, d]`` with ``rep_mask [B, L]`` True at tokens and ``weight [3, heads, d, units]``: the positional
+    encoding tiled over features, the input tiled to ``[3, heads, B*L, d]`` and multiplied by ``weight``, the
+    key-and-query mask added as ``-1e30``, softmax, heads concatenated. Returns ``[B, L, heads * units]``, padded
+    query rows as the code leaves them (a uniform average)."""
+    bs, sl, ivec = rep.shape
+    heads, units = weight.shape[1], weight.shape[3]
+    seq_idxs = torch.arange(sl, dtype=rep.dtype)[:, None].expand(sl, ivec)
+    feature_idxs = torch.arange(ivec, dtype=rep.dtype)[None, :].expand(sl, ivec)
+    pos_enc = torch.where(feature_idxs % 2 == 0,
+                          torch.sin(seq_idxs / torch.pow(10000.0, 2.0 * feature_idxs / ivec)),
+                          torch.cos(seq_idxs / torch.pow(10000.0, 2.0 * (feature_idxs - 1) / ivec)))
+    rep_pos = (rep + pos_enc) * rep_mask[..., None].to(rep.dtype)
+    rep_tile = rep_pos[None, None].expand(3, heads, bs, sl, ivec).reshape(3, heads, bs * sl, ivec)
+    maps = (rep_tile @ weight).reshape(3, heads, bs, sl, units)
+    q_map, k_map, v_map = maps[0], maps[1], maps[2]
+    similarity = q_map @ k_map.transpose(2, 3) / math.sqrt(units)
+    multi_mask = rep_mask[None].expand(heads, bs, sl)
+    mask_tile = multi_mask[:, :, None, :] & multi_mask[:, :, :, None]
+    prob = torch.softmax(similarity + (1 - mask_tile.to(rep.dtype)) * -1e30, dim=-1)
+    return (prob @ v_map).permute(1, 2, 0, 3).reshape(bs, sl, heads * units)

@@ -29,6 +29,8 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=find_packages(include=["mtsa_fairseq", "mtsa_fairseq.*"]),
+    # the training and task configs ship with the package (the checkout's configs/ links to them)
+    package_data={"mtsa_fairseq.experiments": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml"]},
     install_requires=requirements,
     extras_require={"test": ["pytest>=8", "ruff>=0.6"], "triton": ["triton>=3.0,<4; platform_system == 'Linux'"]},
     entry_points={"console_scripts": [

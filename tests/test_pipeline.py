@@ -115,7 +115,7 @@ def test_config_that_does_not_fit_the_data_is_refused_before_training(tmp_path):
                     str(tiny_config(tmp_path, "demo_transformer")), "--system-config", str(system))
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        f"error: train_seeds.py: {system}: source-lang 'fr' differs from the data's 'en' (log: ")
+        f"error: train_seeds: {system}: source-lang 'fr' differs from the data's 'en' (log: ")
     assert (tmp_path / "out" / "data" / "manifest.json").is_file() and not (tmp_path / "out" / "runs").exists()
 
 

@@ -4,5 +4,17 @@
 plugin (``modules``, ``models``, ``tasks``, ``criterions``) stands alone, and the tooling imports it, not the
 other way round. ``translation`` and ``sentence`` hold the two experiment stacks, ``bench`` the benchmarks'
 measurement helpers; ``processes`` (locks, child processes, progress) and ``significance`` serve both stacks,
-and ``mtsa_fairseq.contracts`` holds the file formats both rooms share.
+and ``mtsa_fairseq.contracts`` holds the file formats both rooms share. ``configs/`` holds the training and task
+configs (package data; the checkout's top-level ``configs`` is a link to it).
 """
+
+import sys
+from pathlib import Path
+
+CONFIGS = Path(__file__).resolve().parent / "configs"  # shipped with the package; the checkout's configs/ links here
+
+
+def command(name: str, *args: str) -> list[str]:
+    """The command line running the project command ``name`` (e.g. ``"score"``) with this interpreter: as a
+    module of the installed package, so it works from a wheel as from a checkout."""
+    return [sys.executable, "-m", f"mtsa_fairseq.experiments.commands.{name}", *args]

@@ -5,7 +5,7 @@ script (joint 8k sentencepiece) -> configs/multi30k_transformer.yaml and configs
 each, trained side by side on one CPU core each, validation BLEU every epoch -> BLEU on both test sets of
 checkpoint_last.pt (the MTSA paper's protocol) and of the average of the last 5 epoch checkpoints (the
 Transformer paper's) -> Welch's t-test, paired bootstrap and approximate randomization for each
-(scripts/pipeline.py does the first; OUT/report.md, OUT/report-avg5.md), the t-test on the tokenized,
+(mtsa-pipeline does the first; OUT/report.md, OUT/report-avg5.md), the t-test on the tokenized,
 compound-split BLEU (OUT/report-tokenized.md) -> OUT/runs.md (a row per run: wall time, throughput, peak
 memory, parameters, BLEU), OUT/curves.png (validation BLEU and loss of every run) and OUT/study.json (per run
 its validation curve and test BLEU, per test set and checkpoint the means, standard deviations and Welch
@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
+from mtsa_fairseq.experiments import CONFIGS as PACKAGE_CONFIGS
+from mtsa_fairseq.experiments import command
 from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.checkpoint_average import (
@@ -43,9 +45,7 @@ from mtsa_fairseq.experiments.translation.checkpoint_average import (
 )
 from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, run_curve
 
-ROOT = Path(__file__).resolve().parents[3]  # the repository (configs/, scripts/)
-
-CONFIGS = {"baseline": ROOT / "configs/multi30k_transformer.yaml", "system": ROOT / "configs/multi30k_mtsa.yaml"}
+CONFIGS = {"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml", "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"}
 NAMES = {"baseline": "Transformer", "system": "MTSA"}
 TESTS = ("test_2016_flickr", "test_2017_flickr")
 AVERAGED = 5  # epoch checkpoints averaged (fairseq's average_checkpoints.py --num-epoch-checkpoints 5)
@@ -108,19 +108,19 @@ def score_averaged(out: Path, seeds: list[int]) -> None:
                 result = result_path(out, config, seed, test, "avg5")
                 if readable_json(result):
                     continue
-                cmd = [sys.executable, str(ROOT / "scripts/score.py"), "--checkpoint", str(checkpoint), "--data",
-                       str(out / "data"), "--test", test, "--result", str(result), "--overwrite"]
+                cmd = command("score", "--checkpoint", str(checkpoint), "--data", str(out / "data"), "--test", test,
+                              "--result", str(result), "--overwrite")
                 if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
                     sys.exit(f"error: scoring {checkpoint} on {test} failed")
 
 
 def significance(out: Path, seeds: list[int], kind: str, metric: str, stem: str) -> None:
-    """scripts/significance.py over the runs' ``kind`` results: OUT/<stem>.md and .json."""
+    """mtsa-significance over the runs' ``kind`` results: OUT/<stem>.md and .json."""
     files = {role: [str(result_path(out, config, seed, test, kind)) for seed in seeds for test in TESTS]
              for role, config in CONFIGS.items()}
-    cmd = [sys.executable, str(ROOT / "scripts/significance.py"), "--baseline", *files["baseline"], "--system",
-           *files["system"], "--names", NAMES["baseline"], NAMES["system"], "--metric", metric, "--markdown",
-           str(out / f"{stem}.md"), "--json", str(out / f"{stem}.json"), "--overwrite"]
+    cmd = command("significance", "--baseline", *files["baseline"], "--system", *files["system"], "--names",
+                  NAMES["baseline"], NAMES["system"], "--metric", metric, "--markdown", str(out / f"{stem}.md"),
+                  "--json", str(out / f"{stem}.json"), "--overwrite")
     if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
         sys.exit(f"error: the significance report {stem} failed")
 
@@ -185,10 +185,11 @@ def study_report(out: Path, seeds: list[int]) -> dict:
 
 def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--multi30k", type=Path, default=ROOT.parent / "shared/data/multi30k",
+    parser.add_argument("--multi30k", type=Path, required=True,
                         help="directory with the Multi30k task 1 files {train,val,test_2016_flickr,"
-                             "test_2017_flickr}.{en,de}[.gz] (default: ../shared/data/multi30k)")
-    parser.add_argument("--out", type=Path, default=ROOT / "multi30k-study", help="output directory")
+                             "test_2017_flickr}.{en,de}[.gz] (github.com/multi30k/dataset, data/task1/raw)")
+    parser.add_argument("--out", type=Path, default=Path("multi30k-study"),
+                        help="output directory (default: multi30k-study in the current directory)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per system (default: 1 2 3)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per process (default 1: the two systems train at once, one core each)")
@@ -205,7 +206,7 @@ def _main() -> None:
         parser.error(f"--multi30k {args.multi30k} is not a directory")
     files = raw_files(args.multi30k)
 
-    cmd = [sys.executable, str(ROOT / "scripts/pipeline.py"), "--out", str(args.out), "--vocab-size", "8000",
+    cmd = [*command("pipeline"), "--out", str(args.out), "--vocab-size", "8000",
            "--train", *map(str, files["train"]), "--valid", *map(str, files["val"]),
            "--baseline-config", str(CONFIGS["baseline"]), "--system-config", str(CONFIGS["system"]),
            "--seeds", *map(str, args.seeds), "--parallel", "--threads", str(args.threads)]

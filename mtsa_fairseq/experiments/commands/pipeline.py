@@ -11,10 +11,10 @@ thing, e.g. Setup 1:
       --baseline-config configs/setup1_transformer.yaml --system-config configs/setup1_mtsa.yaml \\
       --seeds 1 2 3 4 5 6
 
-Each step is a script of its own (prepare_data.py, train_seeds.py, score.py, significance.py), run as a
-subprocess; OUT keeps their outputs (data/, runs/, results/, report.*). Rerunning the same command reuses
-the prepared data, skips finished runs and existing result files, resumes interrupted runs, and rewrites
-the report.
+Each step is a command of its own (mtsa-prepare-data, mtsa-train-seeds, mtsa-score, mtsa-significance), run
+as a subprocess of this interpreter (``python -m``, so an installed wheel works as a checkout does); OUT keeps
+their outputs (data/, runs/, results/, report.*). Rerunning the same command reuses the prepared data, skips
+finished runs and existing result files, resumes interrupted runs, and rewrites the report.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mtsa_fairseq.experiments import CONFIGS, command
 from mtsa_fairseq.experiments.processes import (
     PROGRESS_PREFIX,
     LockBusy,
@@ -37,8 +38,6 @@ from mtsa_fairseq.experiments.processes import (
 )
 from mtsa_fairseq.experiments.translation.train_config import ConfigError, check_with_fairseq, load_config
 
-ROOT = Path(__file__).resolve().parents[3]  # the repository (configs/, scripts/)
-SCRIPTS = ROOT / "scripts"
 TOY_SIZES = {"train": 4000, "valid": 200, "test": 200}
 
 
@@ -47,9 +46,10 @@ def log(message: str) -> None:
 
 
 def run_script(name: str, *args: str, log_file: Path | None = None, threads: int | None = None) -> None:
-    """Run ``scripts/<name>`` with this interpreter; its output goes to the console, or to ``log_file`` with only
-    its progress lines on the console. A failure exits with the script's own error line."""
-    cmd = [sys.executable, str(SCRIPTS / name), *args]
+    """Run the project command ``name`` (``mtsa-<name>``, e.g. ``"score"``) with this interpreter; its output goes
+    to the console, or to ``log_file`` with only its progress lines on the console. A failure exits with the
+    command's own error line."""
+    cmd = command(name, *args)
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
     if log_file is not None:
         with log_file.open("a", encoding="utf-8") as out:
@@ -80,7 +80,7 @@ def check_configs(args: argparse.Namespace) -> None:
 def check_runs(args: argparse.Namespace, data: Path) -> None:
     """Every check of train_seeds.py (configs, data, options) for both configs before either trains."""
     for config in (args.baseline_config, args.system_config):
-        run_script("train_seeds.py", *train_seeds_args(args, config, data), "--dry-run",
+        run_script("train_seeds", *train_seeds_args(args, config, data), "--dry-run",
                    log_file=args.out / f"train-{config.stem}.log")
 
 
@@ -105,7 +105,7 @@ def prepare(args: argparse.Namespace, data: Path) -> None:
         split = {s: (str(raw / f"{s}.{args.source_lang}"), str(raw / f"{s}.{args.target_lang}")) for s in TOY_SIZES}
         prep += ["--train", *split["train"], "--valid", *split["valid"], "--test", "toy_test", *split["test"]]
     log(f"data: sentencepiece ({args.vocab_size}) + fairseq-preprocess -> {data}")
-    run_script("prepare_data.py", *prep)
+    run_script("prepare_data", *prep)
 
 
 def train_seeds_args(args: argparse.Namespace, config: Path, data: Path) -> list[str]:
@@ -126,7 +126,7 @@ def train(args: argparse.Namespace, data: Path) -> None:
 
     def one(config: Path) -> None:
         start = time.time()
-        run_script("train_seeds.py", *train_seeds_args(args, config, data),
+        run_script("train_seeds", *train_seeds_args(args, config, data),
                    log_file=args.out / f"train-{config.stem}.log")
         log(f"  {config.stem}: {len(args.seeds)} runs done in {time.time() - start:.0f} s")
 
@@ -152,7 +152,7 @@ def score(args: argparse.Namespace, data: Path) -> dict[str, list[Path]]:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 cmd = ["--run-dir", str(run_dir), "--data", str(data), "--test", test, "--result", str(out)]
                 cmd += (["--cpu"] if args.cpu else []) + shlex.split(args.score_args)
-                run_script("score.py", *cmd, log_file=args.out / "score.log", threads=args.threads)
+                run_script("score", *cmd, log_file=args.out / "score.log", threads=args.threads)
                 bleu = json.loads(out.read_text())["bleu"]
                 log(f"  {config.stem} seed {seed} {test}: sacreBLEU {bleu['sacrebleu']:.2f}")
     return results
@@ -160,7 +160,8 @@ def score(args: argparse.Namespace, data: Path) -> dict[str, list[Path]]:
 
 def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "demo-output", help="output directory")
+    parser.add_argument("--out", type=Path, default=Path("demo-output"),
+                        help="output directory (default: demo-output in the current directory)")
     parser.add_argument("--source-lang", default="en", help="source language suffix (default: en)")
     parser.add_argument("--target-lang", default="de", help="target language suffix (default: de)")
     parser.add_argument("--train", nargs=2, action="append", metavar=("SRC", "TGT"),
@@ -172,10 +173,10 @@ def _main() -> None:
     parser.add_argument("--data", type=Path, help="an already prepared directory (scripts/prepare_data.py output)")
     parser.add_argument("--vocab-size", type=int, help="joint sentencepiece vocabulary (default: 32000; demo 100)")
     parser.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
-    parser.add_argument("--baseline-config", type=Path, default=ROOT / "configs/demo_transformer.yaml",
-                        help="training config of the baseline (default: configs/demo_transformer.yaml)")
-    parser.add_argument("--system-config", type=Path, default=ROOT / "configs/demo_mtsa.yaml",
-                        help="training config of the system (default: configs/demo_mtsa.yaml)")
+    parser.add_argument("--baseline-config", type=Path, default=CONFIGS / "demo_transformer.yaml",
+                        help="training config of the baseline (default: the package's configs/demo_transformer.yaml)")
+    parser.add_argument("--system-config", type=Path, default=CONFIGS / "demo_mtsa.yaml",
+                        help="training config of the system (default: the package's configs/demo_mtsa.yaml)")
     parser.add_argument("--names", nargs=2, default=["Transformer", "MTSA"], metavar=("BASELINE", "SYSTEM"),
                         help="display names in the report")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per system (at least 2)")
@@ -245,7 +246,7 @@ def run_pipeline(args: argparse.Namespace, start: float) -> None:
               "--names", *args.names, "--markdown", str(args.out / "report.md"), "--json",
               str(args.out / "report.json"), "--plot", str(args.out / "report.png"),
               "--overwrite"]  # derived from the result files: rewritten (atomically) every time
-    run_script("significance.py", *report)
+    run_script("significance", *report)
     log(f"done in {time.time() - start:.0f} s: {args.out / 'report.md'}, {args.out / 'report.png'}")
 
 

@@ -70,13 +70,19 @@ def test_pipeline_writes_every_stage(finished):
             assert re.search(line, proc.stdout), proc.stdout
 
 
-def test_rerun_reuses_everything(finished):
+def test_rerun_reuses_everything_and_scores_an_empty_result_again(finished):
+    """A rerun keeps every finished result; one left empty (a full disk under an older version) is not
+    finished: it is scored again, with a line saying so."""
     out, args, _ = finished
-    stamps = {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")}
+    empty = out / "results" / "tiny_mtsa_seed2_toy.json"
+    empty.write_text("")
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json") if p != empty}
     proc = pipeline(*args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "data: reusing" in proc.stdout
-    assert {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")} == stamps
+    assert f"{empty} is empty or unreadable: scoring again" in proc.stdout
+    assert json.loads(empty.read_text())["num_sentences"] == 20
+    assert {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json") if p != empty} == stamps
     assert (out / "report.md").exists()
 
 

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mtsa_fairseq.experiments import CONFIGS, command
+from mtsa_fairseq.experiments.files import readable_json
 from mtsa_fairseq.experiments.processes import (
     PROGRESS_PREFIX,
     LockBusy,
@@ -147,8 +148,10 @@ def score(args: argparse.Namespace, data: Path) -> dict[str, list[Path]]:
             for test in tests:
                 out = args.out / "results" / f"{config.stem}_seed{seed}_{test}.json"
                 results[role].append(out)
-                if out.exists():
+                if readable_json(out):
                     continue
+                if out.exists():  # 0 bytes or cut short (by an older version on a full disk): not finished
+                    log(f"  {out} is empty or unreadable: scoring again")
                 out.parent.mkdir(parents=True, exist_ok=True)
                 cmd = ["--run-dir", str(run_dir), "--data", str(data), "--test", test, "--result", str(out)]
                 cmd += (["--cpu"] if args.cpu else []) + shlex.split(args.score_args)

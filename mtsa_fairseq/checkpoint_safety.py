@@ -1,18 +1,28 @@
 """Safe loading of fairseq checkpoints under torch >= 2.6 (``torch.load(weights_only=True)``).
 
 fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` calls ``torch.load`` without ``weights_only``,
-which torch now defaults to True; its checkpoints pickle the training ``argparse.Namespace``. Importing
-the plugin allow-lists exactly the classes fairseq checkpoints need, so every other global (an
-arbitrary callable in a crafted file) is still refused. Never set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``.
+which torch now defaults to True. Its checkpoints pickle the training ``argparse.Namespace`` and, in the
+saved metrics state, numpy arrays and scalars (``--eval-bleu`` logs its n-gram counts as int64 arrays, so
+every checkpoint of a run that validates BLEU holds some). Importing the plugin allow-lists exactly these
+classes and the numeric dtypes, so every other global (an arbitrary callable, an object array) in a crafted
+file is still refused. Never set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``.
 """
 
 from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import torch
 
-FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
+try:  # numpy >= 2
+    from numpy._core.multiarray import _reconstruct, scalar
+except ImportError:  # numpy 1.26
+    from numpy.core.multiarray import _reconstruct, scalar
+
+NUMERIC_DTYPES = [np.dtypes.BoolDType, np.dtypes.Int32DType, np.dtypes.Int64DType, np.dtypes.Float32DType,
+                  np.dtypes.Float64DType]
+FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, np.ndarray, np.dtype, _reconstruct, scalar, *NUMERIC_DTYPES]
 
 
 def allow_fairseq_checkpoints() -> None:

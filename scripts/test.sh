@@ -11,4 +11,6 @@ fi
 venv="${MTSA_VENV:-$root/.venv}"
 cd "$root"
 "$venv/bin/ruff" check mtsa_fairseq scripts tests
-"$venv/bin/python" -m pytest tests "$@"
+# failures printed as they happen, and every thread's stack after 20 minutes in one test: a run stopped by a
+# time limit still says what failed and where it hung
+MTSA_TEST_REPORT_AT_ONCE=1 "$venv/bin/python" -m pytest tests -o faulthandler_timeout=1200 --durations=15 "$@"

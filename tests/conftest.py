@@ -16,6 +16,14 @@ def pytest_addoption(parser):
                           "modules against the float64 references on a GPU)")
 
 
+def pytest_runtest_logreport(report):
+    """With ``MTSA_TEST_REPORT_AT_ONCE=1`` (scripts/test.sh sets it) a failure's traceback is printed when it
+    happens, not only in the summary at the end, so that a run cut short by a time limit still shows why."""
+    if report.failed and os.environ.get("MTSA_TEST_REPORT_AT_ONCE") == "1":
+        print(f"\n[failed] {report.nodeid} ({report.when}, {report.duration:.0f} s)\n{report.longreprtext[-4000:]}",
+              file=sys.stderr, flush=True)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -322,12 +322,8 @@ def cross_validation(config: TaskConfig, results: list[dict[str, Any]], referenc
         runs.setdefault(result["arch"], {})[key] = {"best": result["metrics"][config.metric],
                                                     "last": result["dev_curve"][-1][1]}
     for arch, by_run in curves.items():
-        steps = sorted(set.intersection(*(set(curve) for curve in by_run.values())))
-        for key, curve in by_run.items():
-            others = [c for (_, fold), c in by_run.items() if fold != key[1]]
-            if others:  # the earliest of equally good steps
-                step = max(steps, key=lambda u: (np.mean([c[u] for c in others]), -u))
-                runs[arch][key]["chosen"] = curve[step]
+        for key, step in chosen_steps(by_run).items():
+            runs[arch][key]["chosen"] = by_run[key][step]
     archs = {}
     for arch, by_run in runs.items():
         archs[arch] = {"runs": len(by_run)}
@@ -354,13 +350,49 @@ def cross_validation(config: TaskConfig, results: list[dict[str, Any]], referenc
     return {"archs": archs, "paired_vs_reference": tests}
 
 
+def chosen_steps(curves: dict[tuple[int, int], dict[int, float]]) -> dict[tuple[int, int], int]:
+    """Per (seed, fold) run of one architecture, the validation step its ``chosen`` number is read at: the step
+    (among those every run has) that maximises the mean held-out metric of the runs on the other folds, the
+    earliest of equally good ones. Runs without another fold get none."""
+    steps = sorted(set.intersection(*(set(curve) for curve in curves.values())))
+    chosen = {}
+    for key in curves:
+        others = [c for (_, fold), c in curves.items() if fold != key[1]]
+        if others:
+            chosen[key] = max(steps, key=lambda u: (np.mean([c[u] for c in others]), -u))
+    return chosen
+
+
 def report_markdown(summary: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
     metric, ref = summary["metric"], summary["reference"]
-    f = ".2f" if metric == "accuracy" else ".4f"
     lines = [f"### {summary['experiment']}: {summary.get('split', 'test')} {metric} of the best-dev checkpoints "
-             f"(mean ± sd over seeds; Welch's t-test of {ref} vs each)",
-             "", f"| architecture | seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | p (two-sided) | "
+             f"(mean ± sd over seeds; Welch's t-test of {ref} vs each)", "", *summary_table(summary)]
+    if "cross_validation" in summary:
+        lines += ["", f"### Cross-validation: held-out {metric}, mean ± sd over runs (seeds x folds); paired t-test "
+                  f"of {ref} vs each, matched by seed and fold", "",
+                  "best: the best checkpoint on the held-out fold (the papers' protocol, which selects on that fold); "
+                  "chosen: at the update best on average over the other folds; last: after the last update.", "",
+                  *cross_validation_table(summary)]
+    if "runs" in summary:
+        lines += ["", "### Runs", "", *(runs_table(summary) if "cross_validation" not in summary
+                                        else folds_table(summary))]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(metric: str) -> str:
+    return ".2f" if metric == "accuracy" else ".4f"
+
+
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.0005 else f"{p:.3f}"
+
+
+def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """Per architecture: the metric per seed, mean ± sd, and Welch's t-test of the reference against it."""
+    metric, ref, f, name = summary["metric"], summary["reference"], _fmt(summary["metric"]), names or {}
+    ref = name.get(ref, ref)
+    lines = [f"| architecture | seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | p (two-sided) | "
              f"p ({ref} > it) |", "|---|---|---|---|---|---|---|---|---|"]
     for arch, row in summary["archs"].items():
         sd = "" if row["std"] is None else f" ± {row['std']:{f}}"
@@ -371,23 +403,19 @@ def report_markdown(summary: dict[str, Any]) -> str:
         elif "error" in test:
             cells = f"{test['error']} | | | |"
         else:
-            cells = (f"{test['difference']:+{f}} | {test['t']:.2f} | {test['df']:.1f} | {test['p_two_sided']:.3f} | "
-                     f"{test['p_greater']:.3f}")
-        lines.append(f"| {arch} | {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | {cells} |")
-    if "cross_validation" in summary:
-        lines += ["", *_cross_validation_markdown(summary["cross_validation"], metric, ref, f)]
-    return "\n".join(lines) + "\n"
+            cells = (f"{test['difference']:+{f}} | {test['t']:.2f} | {test['df']:.1f} | {_p(test['p_two_sided'])} | "
+                     f"{_p(test['p_greater'])}")
+        lines.append(f"| {name.get(arch, arch)} | {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | {cells} |")
+    return lines
 
 
-def _cross_validation_markdown(cv: dict[str, Any], metric: str, ref: str, f: str) -> list[str]:
-    lines = [f"### Cross-validation: held-out {metric}, mean ± sd over runs (seeds x folds); paired t-test of "
-             f"{ref} vs each, matched by seed and fold", "",
-             "best: the best checkpoint on the held-out fold (the papers' protocol, which selects on that fold); "
-             "chosen: at the update best on average over the other folds; last: after the last update.", "",
-             f"| architecture | runs | best | chosen | last | {ref} − it, best (p) | chosen (p) | last (p) |",
-             "|---|---|---|---|---|---|---|---|"]
+def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """Per architecture: best, chosen and last held-out metric (mean ± sd over runs) and the paired tests."""
+    cv, ref, f, name = summary["cross_validation"], summary["reference"], _fmt(summary["metric"]), names or {}
+    lines = [f"| architecture | runs | best | chosen | last | {name.get(ref, ref)} − it, best (p) | chosen (p) | "
+             "last (p) |", "|---|---|---|---|---|---|---|---|"]
     for arch, row in cv["archs"].items():
-        cells = [arch, str(row["runs"])]
+        cells = [name.get(arch, arch), str(row["runs"])]
         for kind in CV_KINDS:
             mean, sd = row[kind]["mean"], row[kind]["std"]
             cells.append("—" if mean is None else f"{mean:{f}}" + ("" if sd is None else f" ± {sd:{f}}"))
@@ -398,9 +426,75 @@ def _cross_validation_markdown(cv: dict[str, Any], metric: str, ref: str, f: str
             elif "error" in test[kind]:
                 cells.append(test[kind]["error"])
             else:
-                cells.append(f"{test[kind]['difference']:+{f}} ({test[kind]['p_two_sided']:.3f})")
+                cells.append(f"{test[kind]['difference']:+{f}} ({_p(test[kind]['p_two_sided'])})")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _curve(run: dict[str, Any]) -> dict[int, float]:
+    return {int(u): v for u, v in run.get("dev_curve") or []}
+
+
+def runs_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """One row per run (architectures in the summary's order, then seeds): the tested checkpoint's metric, its
+    update and dev metric as the run's record holds them (fairseq keeps the later of equally good
+    checkpoints, so the first update that reached that dev value is shown beside it), and the last validation."""
+    metric, f, name = summary["metric"], _fmt(summary["metric"]), names or {}
+    split = summary.get("split", "test")
+    lines = [f"| architecture | seed | {split} {metric} | tested checkpoint: update | its dev {metric} | "
+             f"first update with that dev {metric} | last validation: update | dev {metric} there |",
+             "|---|---|---|---|---|---|---|---|"]
+    order = list(summary["archs"])
+    for run in sorted(summary["runs"], key=lambda r: (order.index(r["arch"]), r["seed"])):
+        curve, tested = _curve(run), run["best_checkpoint_updates"]
+        if not curve:  # no validation in its log
+            lines.append(f"| {name.get(run['arch'], run['arch'])} | {run['seed']} | {run['metrics'][metric]:{f}} | "
+                         f"{tested:,} | — | — | — | — |")
+            continue
+        last = max(curve)
+        if tested in curve:
+            first = min(u for u, v in curve.items() if v == curve[tested])
+            dev = f"{curve[tested]:{f}} | {first:,}"
+        else:  # validated at an update the log's curve does not show
+            dev = "— | —"
+        lines.append(f"| {name.get(run['arch'], run['arch'])} | {run['seed']} | {run['metrics'][metric]:{f}} | "
+                     f"{tested:,} | {dev} | {last:,} | {curve[last]:{f}} |")
+    return lines
+
+
+def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
+                archs: list[str] | None = None) -> list[str]:
+    """One row per (seed, fold), per architecture (all, or ``archs``) its held-out metric: best (the tested
+    checkpoint's, with its update), chosen (with the update the other folds chose) and last."""
+    f, name = _fmt(summary["metric"]), names or {}
+    by_arch: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
+    for run in summary["runs"]:
+        if archs is None or run["arch"] in archs:
+            by_arch.setdefault(run["arch"], {})[(run["seed"], run["fold"])] = run
+    if archs is not None and set(archs) - set(by_arch):
+        raise KeyError(f"no runs of {sorted(set(archs) - set(by_arch))}")
+    archs = [a for a in summary["archs"] if a in by_arch]
+    seeds = {seed for runs in by_arch.values() for seed, _ in runs}
+    head = ["seed", "fold"] if len(seeds) > 1 else ["fold"]
+    for arch in archs:
+        head += [f"{name.get(arch, arch)}: best (update)", "chosen (update)", "last"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    chosen = {arch: chosen_steps({k: _curve(r) for k, r in by_arch[arch].items()}) for arch in archs}
+    for key in sorted(set().union(*(set(runs) for runs in by_arch.values()))):
+        cells = [str(key[0]), str(key[1])] if len(seeds) > 1 else [str(key[1])]
+        for arch in archs:
+            run = by_arch[arch].get(key)
+            if run is None:
+                cells += ["—"] * 3
+                continue
+            curve, step = _curve(run), chosen[arch].get(key)
+            cells += [f"{run['metrics'][summary['metric']]:{f}} ({run['best_checkpoint_updates']:,})",
+                      "—" if step is None else f"{curve[step]:{f}} ({step:,})", f"{curve[max(curve)]:{f}}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+TABLES = {"summary": summary_table, "cv": cross_validation_table, "runs": runs_table, "folds": folds_table}
 
 
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Path) -> None:

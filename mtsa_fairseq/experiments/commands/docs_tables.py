@@ -1,0 +1,97 @@
+"""Rewrite the generated tables of Markdown documents from the JSON reports they name (--check: only verify).
+
+A generated table is the block between a line ``<!-- table REPORT KIND [OLD=NEW ...] -->`` and the next
+``<!-- /table -->``: table KIND of REPORT, a report.json of mtsa-sentence-experiment (path relative to the
+document), with architecture OLD shown as NEW (``archs=A,B`` keeps only those architectures in a folds
+table). Kinds: summary (per architecture: the metric per seed,
+mean ± sd, Welch's t-test), cv (cross-validation: best, chosen, last and the paired tests), runs (per run:
+the tested checkpoint as the run recorded it, its dev metric, the last validation), folds (per fold: best,
+chosen and last of every architecture).
+
+  mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
+  mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from mtsa_fairseq.experiments.files import write_atomic
+from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.sentence.experiment import TABLES
+
+OPEN = re.compile(r"^<!-- table (\S+) (\S+)((?: \S+=\S+)*) -->$")
+CLOSE = "<!-- /table -->"
+
+
+class TableError(ValueError):
+    """A marker or report that cannot be rendered; the message names the document and line."""
+
+
+def render(document: Path) -> tuple[str, list[str]]:
+    """The document with every generated table rendered, and the markers of the tables that changed."""
+    lines = document.read_text(encoding="utf-8").split("\n")
+    out, changed, i = [], [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        match = OPEN.match(lines[i])
+        i += 1
+        if match is None:
+            continue
+        where = f"{document}:{i}"
+        end = next((j for j in range(i, len(lines)) if lines[j] == CLOSE), None)
+        if end is None:
+            raise TableError(f"{where}: no {CLOSE} after this table marker")
+        report_path, kind = document.parent / match[1], match[2]
+        names = dict(option.split("=", 1) for option in match[3].split())
+        archs = names.pop("archs", None)
+        if kind not in TABLES:
+            raise TableError(f"{where}: unknown table kind {kind!r} (one of {', '.join(TABLES)})")
+        if archs is not None and kind != "folds":
+            raise TableError(f"{where}: archs= selects the architectures of a folds table only")
+        try:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+            table = TABLES[kind](report, names, **({} if archs is None else {"archs": archs.split(",")}))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise TableError(f"{where}: cannot render {kind} of {report_path}: {err!r}") from None
+        if lines[i:end] != table:
+            changed.append(f"{where}: {match[1]} {kind}")
+        out.extend(table)
+        i = end
+    return "\n".join(out), changed
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("documents", type=Path, nargs="+", help="Markdown documents with generated tables")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming every table that differs from its report")
+    args = parser.parse_args()
+    stale = []
+    for document in args.documents:
+        if not document.is_file():
+            parser.error(f"{document} is not a file")
+        try:
+            text, changed = render(document)
+        except TableError as err:
+            sys.exit(f"error: {err}")
+        stale += changed
+        if changed and not args.check:
+            write_atomic(document, text)
+    for marker in stale:
+        print(f"{'differs' if args.check else 'rewritten'}: {marker}")
+    if args.check and stale:
+        sys.exit(f"error: {len(stale)} table(s) differ from their reports (run mtsa-docs-tables without --check)")
+
+
+def main() -> None:
+    """The command: one line, never a traceback, for bad markers, a full disk, Ctrl-C or SIGTERM."""
+    run_command(_main)
+
+
+if __name__ == "__main__":
+    main()

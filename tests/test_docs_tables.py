@@ -1,0 +1,77 @@
+"""Generated tables: every table of docs/results-sentence.md that names a JSON report equals what that report
+holds (mtsa-docs-tables), the per-run table shows the checkpoint the run tested, stale and broken tables."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtsa_fairseq.experiments.commands import docs_tables
+from mtsa_fairseq.experiments.sentence.experiment import runs_table
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "results-sentence.md"
+
+
+def test_the_sentence_results_tables_equal_their_reports():
+    text, changed = docs_tables.render(DOC)
+    assert changed == [], f"run mtsa-docs-tables {DOC.relative_to(ROOT)}: {changed}"
+    assert text == DOC.read_text(encoding="utf-8")
+    assert DOC.read_text(encoding="utf-8").count("<!-- table ") >= 11
+
+
+def _report(tested: int) -> dict:
+    run = {"run": "a_seed1", "arch": "a", "seed": 1, "fold": None, "metrics": {"accuracy": 80.0},
+           "best_checkpoint_updates": tested, "dev_curve": [[100, 70.0], [200, 75.0], [300, 75.0], [400, 72.0]]}
+    return {"experiment": "x", "metric": "accuracy", "reference": "a", "split": "test",
+            "archs": {"a": {"seeds": [1], "values": [80.0], "mean": 80.0, "std": None}},
+            "welch_vs_reference": {}, "runs": [run]}
+
+
+def test_runs_table_shows_the_tested_checkpoint_and_the_first_equal_one():
+    """fairseq keeps the later of equally good checkpoints: the row says which one was tested."""
+    row = runs_table(_report(300), {"a": "A"})[-1]
+    assert row == "| A | 1 | 80.00 | 300 | 75.00 | 200 | 400 | 72.00 |"
+
+
+def test_runs_table_of_a_run_without_validations():
+    report = _report(300)
+    report["runs"][0]["dev_curve"] = None
+    assert runs_table(report)[-1] == "| a | 1 | 80.00 | 300 | — | — | — | — |"
+
+
+def _run(monkeypatch, *args: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["mtsa-docs-tables", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        docs_tables.main()
+        raise SystemExit(0)
+    return exit_info.value.code
+
+
+def test_check_names_a_stale_table_and_a_rewrite_fixes_it(tmp_path, monkeypatch, capsys):
+    (tmp_path / "r.json").write_text(json.dumps(_report(300)))
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n<!-- table r.json runs a=A -->\n| typed by hand |\n<!-- /table -->\nend\n")
+    assert _run(monkeypatch, "--check", str(doc)) != 0
+    assert f"differs: {doc}:2: r.json runs" in capsys.readouterr().out
+    assert "typed by hand" in doc.read_text()
+    assert _run(monkeypatch, str(doc)) == 0
+    assert "| A | 1 | 80.00 | 300 |" in doc.read_text() and doc.read_text().endswith("<!-- /table -->\nend\n")
+    assert _run(monkeypatch, "--check", str(doc)) == 0
+
+
+@pytest.mark.parametrize("marker, message", [
+    ("<!-- table r.json runs -->\n", "no <!-- /table --> after this table marker"),
+    ("<!-- table r.json nonsense -->\n<!-- /table -->\n", "unknown table kind 'nonsense'"),
+    ("<!-- table missing.json runs -->\n<!-- /table -->\n", "cannot render runs of"),
+    ("<!-- table r.json runs archs=a -->\n<!-- /table -->\n", "archs= selects the architectures of a folds table"),
+])
+def test_a_broken_marker_is_one_line_naming_the_place(tmp_path, monkeypatch, capsys, marker, message):
+    (tmp_path / "r.json").write_text(json.dumps(_report(300)))
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n" + marker)
+    before = doc.read_text()
+    code = _run(monkeypatch, str(doc))
+    assert code != 0 and f"{doc}:2: " in str(code) and message in str(code)
+    assert doc.read_text() == before

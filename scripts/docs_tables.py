@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""``mtsa-docs_tables`` from a clone; the command itself is mtsa_fairseq/experiments/commands/docs_tables.py."""
+"""``mtsa-docs-tables`` from a clone; the command itself is mtsa_fairseq/experiments/commands/docs_tables.py."""
 
 import sys
 from pathlib import Path

@@ -3,10 +3,10 @@
 A generated table is the block between a line ``<!-- table REPORT KIND [OLD=NEW ...] -->`` and the next
 ``<!-- /table -->``: table KIND of REPORT, a report.json of mtsa-sentence-experiment (path relative to the
 document), with architecture OLD shown as NEW (``archs=A,B`` keeps only those architectures in a folds
-table). Kinds: summary (per architecture: the metric per seed,
-mean ± sd, Welch's t-test), cv (cross-validation: best, chosen, last and the paired tests), runs (per run:
-the tested checkpoint as the run recorded it, its dev metric, the last validation), folds (per fold: best,
-chosen and last of every architecture).
+table). Kinds: summary (per architecture: the metric per seed, mean ± sd, Welch's t-test), cv
+(cross-validation: best, chosen, last and the paired tests), runs (per run: the tested checkpoint as the
+run recorded it, its dev metric, the last validation), folds (per fold: best, chosen and last of every
+architecture).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs

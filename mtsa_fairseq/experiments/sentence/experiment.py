@@ -447,18 +447,14 @@ def runs_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> 
     order = list(summary["archs"])
     for run in sorted(summary["runs"], key=lambda r: (order.index(r["arch"]), r["seed"])):
         curve, tested = _curve(run), run["best_checkpoint_updates"]
-        if not curve:  # no validation in its log
-            lines.append(f"| {name.get(run['arch'], run['arch'])} | {run['seed']} | {run['metrics'][metric]:{f}} | "
-                         f"{tested:,} | — | — | — | — |")
-            continue
-        last = max(curve)
+        dev = last = "— | —"  # no validation in its log, or none at the tested update
         if tested in curve:
             first = min(u for u, v in curve.items() if v == curve[tested])
             dev = f"{curve[tested]:{f}} | {first:,}"
-        else:  # validated at an update the log's curve does not show
-            dev = "— | —"
+        if curve:
+            last = f"{max(curve):,} | {curve[max(curve)]:{f}}"
         lines.append(f"| {name.get(run['arch'], run['arch'])} | {run['seed']} | {run['metrics'][metric]:{f}} | "
-                     f"{tested:,} | {dev} | {last:,} | {curve[last]:{f}} |")
+                     f"{tested:,} | {dev} | {last} |")
     return lines
 
 

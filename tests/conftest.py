@@ -18,10 +18,15 @@ def pytest_addoption(parser):
 
 def pytest_runtest_logreport(report):
     """With ``MTSA_TEST_REPORT_AT_ONCE=1`` (scripts/test.sh sets it) a failure's traceback is printed when it
-    happens, not only in the summary at the end, so that a run cut short by a time limit still shows why."""
-    if report.failed and os.environ.get("MTSA_TEST_REPORT_AT_ONCE") == "1":
+    happens, not only in the summary at the end, and so is every phase that took 20 s or more: a run cut short
+    by a time limit still shows why and where its time went."""
+    if os.environ.get("MTSA_TEST_REPORT_AT_ONCE") != "1":
+        return
+    if report.failed:
         print(f"\n[failed] {report.nodeid} ({report.when}, {report.duration:.0f} s)\n{report.longreprtext[-4000:]}",
               file=sys.stderr, flush=True)
+    elif report.duration >= 20:
+        print(f"\n[slow] {report.nodeid} ({report.when}, {report.duration:.0f} s)", file=sys.stderr, flush=True)
 
 
 @pytest.fixture(autouse=True)

@@ -90,7 +90,7 @@ def test_rerun_reuses_everything_and_scores_an_empty_result_again(finished):
     "args,message",
     [
         (["--seeds", "1"], "at least 2 distinct seeds"),
-        (["--seeds", "3", "3"], "at least 2 distinct seeds"),
+        (["--seeds", "3", "3"], "--seeds must be distinct"),
         (["--train", "nope.en", "nope.de", "--test", "t", "nope.en", "nope.de"], "does not exist"),
         (["--system-config", str(ROOT / "configs/demo_transformer.yaml")], "must be different configs"),
     ],

@@ -2,14 +2,11 @@
 
 Use as ``fairseq-train --user-dir <path to this package> --arch transformer_mtsa_wmt_en_de ...`` (translation)
 or ``fairseq-train DATA --user-dir ... --task sentence_encoding --arch mtsa_encoder ...`` (sentence encoders).
+``--user-dir`` imports this package, then every module of ``tasks/`` and ``models/``, which register the plugin;
+in a Python session, ``import mtsa_fairseq.plugin`` does the same. Importing the package itself loads neither
+torch nor fairseq, so the experiment commands (``mtsa_fairseq.experiments``) start at once.
 """
 
 from . import quiet_imports  # noqa: F401  (before anything imports fairseq)
-from .checkpoint_safety import allow_fairseq_checkpoints
-from .criterions import sentence_encoding as _criterion  # noqa: F401  (registers the criterion)
-from .models import sentence_encoder, transformer_mtsa  # noqa: F401  (registers the models)
-from .tasks import sentence_encoding as _task  # noqa: F401  (registers the task)
-
-allow_fairseq_checkpoints()
 
 __version__ = "0.1.0"

@@ -3,14 +3,17 @@
 fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` calls ``torch.load`` without ``weights_only``,
 which torch now defaults to True. Its checkpoints pickle the training ``argparse.Namespace`` and, in the
 saved metrics state, numpy arrays and scalars (``--eval-bleu`` logs its n-gram counts as int64 arrays, so
-every checkpoint of a run that validates BLEU holds some). Importing the plugin allow-lists exactly these
-classes and the numeric dtypes, so every other global (an arbitrary callable, an object array) in a crafted
-file is still refused. Never set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``.
+every checkpoint of a run that validates BLEU holds some). Importing the plugin's models allow-lists exactly
+these classes and the numeric dtypes (:func:`load_checkpoint` allows them for one load), so every other global
+(an arbitrary callable, an object array) in a crafted file is still refused. Never set
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,3 +31,10 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, np.ndarray, np.dtype, _reconst
 def allow_fairseq_checkpoints() -> None:
     """Add the classes fairseq checkpoints pickle to torch's ``weights_only`` allow-list."""
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+def load_checkpoint(path: str | Path) -> Any:
+    """``torch.load`` of a fairseq checkpoint on CPU, memory-mapped, ``weights_only`` with exactly
+    :data:`FAIRSEQ_CHECKPOINT_GLOBALS` allowed."""
+    with torch.serialization.safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -27,6 +27,7 @@ RUN_SCHEMA = "mtsa-fairseq.run.v1"
 RESULT_SCHEMA = "mtsa-fairseq.result.v1"
 SENTENCE_RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
+SENTENCE_KINDS = ("single", "pair", "relatedness")  # what one example of a sentence dataset holds
 
 
 def read_run(run_dir: Path, error: type[Exception] = ValueError) -> dict[str, Any]:
@@ -49,6 +50,17 @@ def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dic
 
 
 # ------------------------------------------------------------------------------------------------ text
+
+
+def read_sentence_manifest(data: str | Path) -> dict[str, Any]:
+    """A prepared sentence dataset's ``manifest.json``; ``ValueError`` naming the problem otherwise."""
+    path = Path(data) / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"{data} has no manifest.json (prepare it with scripts/prepare_sentence_data.py)")
+    manifest = read_json(path, SENTENCE_DATA_SCHEMA, "manifest", ValueError)
+    if manifest.get("kind") not in SENTENCE_KINDS:
+        raise ValueError(f"{path}: kind must be one of {SENTENCE_KINDS}, got {manifest.get('kind')!r}")
+    return manifest
 
 
 def open_binary(path: Path) -> BinaryIO:

@@ -23,22 +23,23 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 export PIP_PROGRESS_BAR=off
 
-echo "[setup] 1/4 build tools and $torch_req"
+echo "[setup] 1/4 (${SECONDS} s) build tools and $torch_req"
 "${pip[@]}" install -q "$torch_req" -r "$root/requirements/build.txt"
 # Everything with dependencies to resolve goes in before fairseq, which is installed last without its declared
 # dependencies: pip then has nothing to report about the one it lacks on purpose (torchaudio, below).
-echo "[setup] 2/4 runtime requirements"
+echo "[setup] 2/4 (${SECONDS} s) runtime requirements"
 "${pip[@]}" install -q "$torch_req" -r "$root/requirements/runtime.txt"
 if [[ "${MTSA_FAIRSEQ_OWN_FAIRSEQ:-0}" == "1" ]]; then
-  echo "[setup] 3/4 keeping the fairseq already installed"
+  echo "[setup] 3/4 (${SECONDS} s) keeping the fairseq already installed"
   "$venv/bin/python" -c 'import fairseq' || { echo "[setup] error: no importable fairseq" >&2; exit 1; }
 else
-  echo "[setup] 3/4 fairseq-fixed, compiled against this torch (a few minutes), without torchaudio: fairseq's" \
+  echo "[setup] 3/4 (${SECONDS} s) fairseq-fixed, compiled against this torch (a few minutes), without torchaudio: fairseq's" \
        "text tasks never import it, and its releases do not load with $torch_req"
   "${pip[@]}" install -q --no-build-isolation --no-deps --no-binary fairseq-fixed --require-hashes \
     -r "$root/requirements/fairseq.txt"
 fi
-echo "[setup] 4/4 mtsa_fairseq (editable)"
+echo "[setup] 4/4 (${SECONDS} s) mtsa_fairseq (editable)"
 MTSA_FAIRSEQ_OWN_FAIRSEQ=1 "${pip[@]}" install -q --no-deps --no-build-isolation -e "$root"
-"$venv/bin/python" -c 'import mtsa_fairseq, fairseq; print("[setup] fairseq", fairseq.__version__, "ok")'
+"$venv/bin/python" -c 'import mtsa_fairseq.plugin, fairseq; print("[setup] fairseq", fairseq.__version__, "ok")'
+echo "[setup] done in ${SECONDS} s"
 echo "$want" > "$stamp"

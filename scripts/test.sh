@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up the environment (scripts/setup_env.sh), then run ruff and the test suite.
+# Set up the environment (scripts/setup_env.sh), then run ruff and the test suite (MTSA_TEST_WORKERS processes,
+# default 2); further arguments go to pytest, e.g. -m "not slow".
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 setup_log="$(mktemp)"
@@ -11,6 +12,8 @@ fi
 venv="${MTSA_VENV:-$root/.venv}"
 cd "$root"
 "$venv/bin/ruff" check mtsa_fairseq scripts tests
-# failures printed as they happen, and every thread's stack after 20 minutes in one test: a run stopped by a
-# time limit still says what failed and where it hung
-MTSA_TEST_REPORT_AT_ONCE=1 "$venv/bin/python" -m pytest tests -o faulthandler_timeout=1200 --durations=15 "$@"
+# two worker processes (pytest-xdist; a test file's tests stay in one), failures and every test phase of 20 s
+# or more printed as they happen, and every thread's stack after 20 minutes in one test: a run stopped by a
+# time limit still says what failed and where its time went
+MTSA_TEST_REPORT_AT_ONCE=1 "$venv/bin/python" -m pytest tests -n "${MTSA_TEST_WORKERS:-2}" --dist loadfile \
+  -o faulthandler_timeout=1200 --durations=15 "$@"

@@ -29,6 +29,14 @@ def pytest_runtest_logreport(report):
         print(f"\n[slow] {report.nodeid} ({report.when}, {report.duration:.0f} s)", file=sys.stderr, flush=True)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (scripts/test.sh runs ``-n 2``) the workers share the cores: torch's intra-op threads
+    are divided among them instead of each taking them all."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 
-import mtsa_fairseq
+import mtsa_fairseq.plugin
 from mtsa_fairseq.checkpoint_safety import FAIRSEQ_CHECKPOINT_GLOBALS
 from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
 

@@ -23,8 +23,8 @@ def tiny_config(directory: Path, demo: str) -> Path:
     config = yaml.safe_load((ROOT / "configs" / f"{demo}.yaml").read_text())
     config["name"] = f"tiny_{config['system']}"
     config["fairseq"].update({"encoder-embed-dim": 32, "decoder-embed-dim": 32, "encoder-ffn-embed-dim": 64,
-                              "decoder-ffn-embed-dim": 64, "max-update": 150, "warmup-updates": 30, "lr": 5e-3,
-                              "log-interval": 50})
+                              "decoder-ffn-embed-dim": 64, "max-update": 40, "warmup-updates": 10, "lr": 5e-3,
+                              "max-tokens": 1024, "log-interval": 10})
     path = directory / f"{config['name']}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -38,7 +38,7 @@ def pipeline(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
-    write_corpus(root / "raw", {"train": 1000, "valid": 30, "test": 20}, seed=5)
+    write_corpus(root / "raw", {"train": 400, "valid": 30, "test": 20}, seed=5)
     raw = {s: [str(root / "raw" / f"{s}.en"), str(root / "raw" / f"{s}.de")] for s in ("train", "valid", "test")}
     args = ["--out", str(root / "out"), "--train", *raw["train"], "--valid", *raw["valid"],
             "--test", "toy", *raw["test"], "--vocab-size", "100", "--seeds", "1", "2",
@@ -56,7 +56,7 @@ def test_pipeline_writes_every_stage(finished):
     for system in ("tiny_transformer", "tiny_mtsa"):
         for seed in (1, 2):
             run = json.loads((out / "runs" / system / f"seed{seed}" / "run.json").read_text())
-            assert run["status"] == "done" and run["seed"] == seed and run["num_updates"] == 150
+            assert run["status"] == "done" and run["seed"] == seed and run["num_updates"] == 40
             result = json.loads((out / "results" / f"{system}_seed{seed}_toy.json").read_text())
             assert result["num_sentences"] == 20 and result["system"] == run["system"]
     report = (out / "report.md").read_text()
@@ -66,7 +66,7 @@ def test_pipeline_writes_every_stage(finished):
     assert "4/4 significance report" in proc.stdout
     for system in ("tiny_transformer", "tiny_mtsa"):  # progress while training, from every run
         for seed in (1, 2):
-            line = rf"\[pipeline\]   {system} seed {seed}: 150/150 updates \(100%\), \d\d:\d\d elapsed, ETA 00:00"
+            line = rf"\[pipeline\]   {system} seed {seed}: 40/40 updates \(100%\), \d\d:\d\d elapsed, ETA 00:00"
             assert re.search(line, proc.stdout), proc.stdout
 
 
@@ -130,7 +130,7 @@ def test_killed_pipeline_leaves_no_trainer_and_a_second_one_is_refused(tmp_path)
     write_corpus(tmp_path / "raw", {"train": 200, "valid": 20, "test": 10}, seed=5)
     raw = {s: [str(tmp_path / "raw" / f"{s}.{lang}") for lang in ("en", "de")] for s in ("train", "valid", "test")}
     base, system = tiny_config(tmp_path, "demo_transformer"), tiny_config(tmp_path, "demo_mtsa")
-    base.write_text(base.read_text().replace("max-update: 150", "max-update: 100000"))
+    base.write_text(base.read_text().replace("max-update: 40", "max-update: 100000"))
     out = tmp_path / "out"
     args = [sys.executable, str(PIPELINE), "--out", str(out), "--train", *raw["train"], "--valid", *raw["valid"],
             "--test", "toy", *raw["test"], "--vocab-size", "60", "--baseline-config", str(base), "--system-config",

@@ -15,7 +15,7 @@ from fairseq import checkpoint_utils
 from process_helpers import processes_naming, wait_for
 from sacremoses import MosesTokenizer
 
-import mtsa_fairseq
+import mtsa_fairseq.plugin
 from mtsa_fairseq.experiments.processes import RunLock
 from mtsa_fairseq.experiments.translation import scoring
 from mtsa_fairseq.experiments.translation.data_prep import count_lines

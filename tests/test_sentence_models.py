@@ -13,7 +13,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from scipy import stats
 
-import mtsa_fairseq  # noqa: F401  (registers everything)
+import mtsa_fairseq.plugin  # noqa: F401  (registers everything)
 from mtsa_fairseq.criterions.sentence_encoding import (
     SentenceEncodingCriterion,
     expected_score,

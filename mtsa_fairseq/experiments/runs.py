@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.translation.checkpoint_average import (
@@ -48,10 +46,12 @@ def write_run(run_dir: Path, record: dict[str, Any]) -> None:
 
 def checkpoint_updates(path: Path) -> int | None:
     """Updates recorded in a fairseq checkpoint (None if it does not exist or cannot be read)."""
+    from mtsa_fairseq.checkpoint_safety import load_checkpoint
+
     if not Path(path).is_file():
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = load_checkpoint(path)
         return int(state["optimizer_history"][-1]["num_updates"])
     except Exception:  # a checkpoint being written, truncated or foreign: treated as absent
         return None

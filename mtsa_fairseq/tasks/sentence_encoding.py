@@ -24,20 +24,8 @@ import torch
 from fairseq.data import Dictionary, FairseqDataset, data_utils
 from fairseq.tasks import LegacyFairseqTask, register_task
 
-from ..contracts import SENTENCE_DATA_SCHEMA, read_json
-
-KINDS = ("single", "pair", "relatedness")
-
-
-def read_manifest(data: str | Path) -> dict[str, Any]:
-    """The prepared directory's manifest; ``ValueError`` naming the problem otherwise."""
-    path = Path(data) / "manifest.json"
-    if not path.is_file():
-        raise ValueError(f"{data} has no manifest.json (prepare it with scripts/prepare_sentence_data.py)")
-    manifest = read_json(path, SENTENCE_DATA_SCHEMA, "manifest", ValueError)
-    if manifest.get("kind") not in KINDS:
-        raise ValueError(f"{path}: kind must be one of {KINDS}, got {manifest.get('kind')!r}")
-    return manifest
+from ..contracts import read_sentence_manifest
+from ..criterions import sentence_encoding as _criterion  # noqa: F401  (registers the task's criterion)
 
 
 class SentenceExampleDataset(FairseqDataset):
@@ -119,7 +107,7 @@ class SentenceEncodingTask(LegacyFairseqTask):
 
     @classmethod
     def setup_task(cls, args: argparse.Namespace, **kwargs: Any) -> SentenceEncodingTask:
-        manifest = read_manifest(args.data)
+        manifest = read_sentence_manifest(args.data)
         return cls(args, Dictionary.load(str(Path(args.data) / "dict.txt")), manifest)
 
     def _labels(self, split: str) -> torch.Tensor:

@@ -109,6 +109,8 @@ def child(argv: list[str]) -> None:
     import torch
     from fairseq_cli.train import cli_main
 
+    import mtsa_fairseq.plugin  # noqa: F401  (the package is imported already, so --user-dir registers nothing)
+
     sys.argv = ["fairseq-train", *argv]
     # fairseq's trainer resets the peak after every update (its gb_free); keep it for the whole run instead
     torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None

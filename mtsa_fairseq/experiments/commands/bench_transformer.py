@@ -37,7 +37,7 @@ def build_model(arch: str, vocab: int, device: str, dtype: str, kernel: str = "a
     import torch
     from fairseq import options, tasks
 
-    import mtsa_fairseq
+    import mtsa_fairseq.plugin  # the package is imported already, so --user-dir registers nothing
 
     with tempfile.TemporaryDirectory() as data:
         for lang in ("en", "de"):

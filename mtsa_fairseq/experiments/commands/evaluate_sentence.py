@@ -12,8 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from mtsa_fairseq.experiments.files import write_json
 from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate
@@ -32,6 +30,8 @@ def _main() -> None:
     args = parser.parse_args()
     if args.result and args.result.exists() and not args.overwrite:
         parser.error(f"{args.result} exists (pass --overwrite to replace it)")
+    import torch
+
     try:
         use_cuda = not args.cpu and torch.cuda.is_available()
         result = evaluate(args.checkpoint, args.split, args.data, args.cv_fold, args.batch_size, use_cuda)

@@ -18,6 +18,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mtsa_fairseq.contracts import read_sentence_manifest
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command, stop_children
 from mtsa_fairseq.experiments.sentence.experiment import (
@@ -31,7 +32,6 @@ from mtsa_fairseq.experiments.sentence.experiment import (
     run_one,
     summarize,
 )
-from mtsa_fairseq.tasks.sentence_encoding import read_manifest
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_archs(parser: argparse.ArgumentParser, archs: list[str]) -> None:
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    import mtsa_fairseq  # noqa: F401  (registers the architectures)
+    import mtsa_fairseq.plugin  # noqa: F401  (registers the architectures)
 
     unknown = [a for a in archs if ARCH_MODEL_REGISTRY.get(a) is None or
                ARCH_MODEL_REGISTRY[a].__name__ != "SentenceEncoderModel"]
@@ -108,7 +108,7 @@ def _main() -> None:
         parser.error(f"--extra-args: {exc}")
     try:
         config = load_task_config(args.config)
-        manifest = read_manifest(args.data)
+        manifest = read_sentence_manifest(args.data)
     except (ExperimentError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     if manifest["dataset"] != config.dataset:

@@ -11,11 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from scipy import stats
 
 from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA
-from mtsa_fairseq.criterions.sentence_encoding import expected_score
 
 
 class EvaluationError(ValueError):
@@ -24,6 +21,8 @@ class EvaluationError(ValueError):
 
 def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any, Any, Any, dict[str, Any]]:
     from fairseq import checkpoint_utils
+
+    import mtsa_fairseq.plugin  # noqa: F401  (the architectures, and what fairseq checkpoints pickle)
 
     if not checkpoint.is_file():
         raise EvaluationError(f"checkpoint not found: {checkpoint}")
@@ -44,10 +43,14 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
     return models[0], cfg, task, state
 
 
-@torch.no_grad()
 def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | None = None, cv_fold: int | None = None,
              batch_size: int = 128, use_cuda: bool = False) -> dict[str, Any]:
     """Predictions and metrics of ``checkpoint`` on ``split`` (for cross-validation data: the held-out fold)."""
+    import torch
+    from scipy import stats
+
+    from mtsa_fairseq.criterions.sentence_encoding import expected_score
+
     model, cfg, task, state = _load(Path(checkpoint), Path(data) if data else None, cv_fold)
     model.eval()
     if use_cuda:
@@ -65,7 +68,8 @@ def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | Non
         if use_cuda:
             sample = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in sample.items()}
             sample["net_input"] = {k: v.cuda() for k, v in sample["net_input"].items()}
-        logits = model(**sample["net_input"]).float()
+        with torch.no_grad():
+            logits = model(**sample["net_input"]).float()
         values = expected_score(logits) if task.kind == "relatedness" else logits.argmax(dim=-1)
         for index, value, target in zip(sample["id"].tolist(), values.tolist(), sample["target"].tolist()):
             predictions[index], gold[index] = value, target

@@ -13,12 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from mtsa_fairseq.checkpoint_safety import allow_fairseq_checkpoints
-
-allow_fairseq_checkpoints()
-
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates
 EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # end of an epoch
 
@@ -50,8 +44,10 @@ def last_checkpoints(directory: str | Path, n: int, kind: str = "update") -> lis
 
 
 def _load(path: Path) -> dict[str, Any]:
+    from mtsa_fairseq.checkpoint_safety import load_checkpoint
+
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = load_checkpoint(path)
     except Exception as err:  # torch raises many kinds of errors for unreadable files
         raise AverageError(f"cannot load checkpoint {path}: {err}") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
@@ -67,6 +63,8 @@ def num_updates(state: dict[str, Any]) -> int:
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """The newest of ``paths`` with its model parameters replaced by the mean over all ``paths``."""
+    import torch
+
     paths = [Path(p) for p in paths]
     if not paths:
         raise AverageError("no checkpoints to average")
@@ -103,6 +101,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
 
 def save_checkpoint(state: dict[str, Any], output: str | Path) -> Path:
     """Write ``state`` to ``output`` atomically (a temporary file renamed into place)."""
+    import torch
+
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import TextIO
 
 import sentencepiece as spm
-from fairseq.data.indexed_dataset import MMapIndexedDataset
 
 from mtsa_fairseq.contracts import MANIFEST_SCHEMA, iter_lines, open_binary
 from mtsa_fairseq.experiments.processes import RunLock, child_options, stop_group
+from mtsa_fairseq.experiments.translation.training_view import read_index
 
 NORMALIZATIONS = ("nfkc", "nfc", "none")
 MODEL_TYPES = ("unigram", "bpe")
@@ -388,8 +388,9 @@ def subset_name(k: int) -> str:
 
 def binarized_sizes(bin_dir: Path, subset: str, source_lang: str, target_lang: str) -> tuple[int, int]:
     """Number of sentences of ``subset`` on each side of a fairseq-preprocess output directory."""
-    paths = [str(bin_dir / f"{subset}.{source_lang}-{target_lang}.{lang}") for lang in (source_lang, target_lang)]
-    src, tgt = (len(MMapIndexedDataset(p)) if MMapIndexedDataset.exists(p) else 0 for p in paths)
+    prefix = bin_dir / f"{subset}.{source_lang}-{target_lang}"
+    src, tgt = (len(read_index(idx)[1]) if idx.is_file() and idx.with_suffix(".bin").is_file() else 0
+                for idx in (prefix.with_name(f"{prefix.name}.{lang}.idx") for lang in (source_lang, target_lang)))
     return src, tgt
 
 

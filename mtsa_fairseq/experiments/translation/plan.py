@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mtsa_fairseq.contracts import RUN_SCHEMA
 from mtsa_fairseq.experiments.translation.train_config import (
     LAUNCHER_OPTIONS,
@@ -124,6 +122,8 @@ def _world(config: TrainConfig, options: LaunchOptions, cpu: bool, dry_run: bool
     if options.launcher == "slurm" and (options.master_addr or options.node_rank):
         raise LaunchError("--master-addr/--node-rank are for --launcher torchrun; Slurm assigns nodes itself")
     if not cpu and options.launcher in ("local", "torchrun") and not dry_run:
+        import torch
+
         available = torch.cuda.device_count()
         if available < nproc:
             raise LaunchError(f"world size inconsistent with this machine: {nproc} GPU process(es) per node "

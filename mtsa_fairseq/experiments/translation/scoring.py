@@ -248,10 +248,10 @@ class CheckpointInfo:
 def checkpoint_info(checkpoint: Path, data_bin: Path) -> CheckpointInfo:
     """Build the model saved in ``checkpoint`` (dictionaries from ``data_bin``) and count its parameters.
 
-    Importing this module imported the ``mtsa_fairseq`` package, which registers the architectures and
-    allow-lists what fairseq checkpoints pickle.
     """
     from fairseq import checkpoint_utils
+
+    import mtsa_fairseq.plugin  # noqa: F401  (the architectures, and what fairseq checkpoints pickle)
 
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(checkpoint)], arg_overrides={"data": str(data_bin)}

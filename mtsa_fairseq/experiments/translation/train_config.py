@@ -231,6 +231,8 @@ def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | No
     :class:`ConfigError` naming it; ``origins`` maps ``--flag`` to where it came from, for the message."""
     from fairseq import options
 
+    import mtsa_fairseq.plugin  # noqa: F401  (the package is imported already, so --user-dir registers nothing)
+
     origins = origins or {}
 
     def where(flag: str) -> str:

@@ -86,7 +86,7 @@ def subset_shards(data_bin: Path, subset: str, src: str, tgt: str) -> list[str]:
     return shards
 
 
-def _read_index(path: Path) -> tuple[bytes, np.ndarray, np.ndarray]:
+def read_index(path: Path) -> tuple[bytes, np.ndarray, np.ndarray]:
     """Header, sizes and byte pointers of a fairseq mmap ``.idx`` file."""
     raw = path.read_bytes()
     head = 9 + 8 + 1
@@ -142,8 +142,8 @@ class TrainView:
         kept_total = pairs_total = 0
         for shard in shards:
             prefix = f"{shard}.{self.src}-{self.tgt}"
-            src_head, src_sizes, src_ptr = _read_index(self.source / f"{prefix}.{self.src}.idx")
-            tgt_head, tgt_sizes, tgt_ptr = _read_index(self.source / f"{prefix}.{self.tgt}.idx")
+            src_head, src_sizes, src_ptr = read_index(self.source / f"{prefix}.{self.src}.idx")
+            tgt_head, tgt_sizes, tgt_ptr = read_index(self.source / f"{prefix}.{self.tgt}.idx")
             if len(src_sizes) != len(tgt_sizes):
                 raise LaunchError(f"{self.source}/{prefix}: {len(src_sizes)} source and {len(tgt_sizes)} target lines")
             keep = (src_sizes <= self.max_length) & (tgt_sizes <= self.max_length)

@@ -20,8 +20,8 @@ def pytest_runtest_logreport(report):
     """With ``MTSA_TEST_REPORT_AT_ONCE=1`` (scripts/test.sh sets it) a failure's traceback is printed when it
     happens, not only in the summary at the end, and so is every phase that took 20 s or more: a run cut short
     by a time limit still shows why and where its time went."""
-    if os.environ.get("MTSA_TEST_REPORT_AT_ONCE") != "1":
-        return
+    if os.environ.get("MTSA_TEST_REPORT_AT_ONCE") != "1" or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under pytest-xdist the controller prints what its workers report
     if report.failed:
         print(f"\n[failed] {report.nodeid} ({report.when}, {report.duration:.0f} s)\n{report.longreprtext[-4000:]}",
               file=sys.stderr, flush=True)

@@ -52,14 +52,16 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from fairseq.data import Dictionary
-from fairseq.data.indexed_dataset import make_builder
 
 from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA
 from mtsa_fairseq.experiments.translation.data_prep import DataError, current_umask, move_into_place, staging_dir
+
+if TYPE_CHECKING:  # imported where used: the command's --help and usage errors load neither
+    import torch
+    from fairseq.data import Dictionary
 
 NUM_FOLDS = 10
 SPLITS = ("train", "valid", "test")
@@ -559,7 +561,10 @@ def write_order(examples: list[Example], oversample: bool) -> list[int]:
 
 
 def binarize(prefix: Path, sequences: list[tuple[str, ...]], order: list[int], dictionary: Dictionary) -> None:
-    """Write ``prefix.bin/.idx`` (mmap): ``sequences[i]`` encoded without end-of-sentence, for each ``i`` of order."""
+    """Write ``prefix.bin/.idx`` (mmap): ``sequences[i]`` encoded without end-of-sentence, for each ``i`` of
+    order."""
+    from fairseq.data.indexed_dataset import make_builder
+
     builder = make_builder(f"{prefix}.bin", impl="mmap", vocab_size=len(dictionary))
     encoded: dict[tuple[str, ...], torch.Tensor] = {}  # phrases, premises and oversampled examples recur
     for i in order:
@@ -619,6 +624,8 @@ def prepare(cfg: SentenceDataConfig, log: Callable[[str], None] = print) -> dict
     _check_out(out, cfg.overwrite)
     splits = load_dataset(cfg)
     vocabulary, num_train_words = build_vocabulary(splits)
+    from fairseq.data import Dictionary
+
     with staging_dir(out) as tmp:
         write_dictionary(tmp / "dict.txt", vocabulary)
         dictionary = Dictionary.load(str(tmp / "dict.txt"))

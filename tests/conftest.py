@@ -61,7 +61,7 @@ def toy_data(tmp_path_factory) -> Path:
         [str(Path(sys.executable).parent / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
          "--trainpref", str(root / "raw/train"), "--validpref", str(root / "raw/valid"), "--testpref",
          str(root / "raw/test"), "--destdir", str(root / "bin"), "--joined-dictionary", "--workers", "1"],
-        check=True, capture_output=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600,
+        check=True, capture_output=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=1500,
     )
     return root
 

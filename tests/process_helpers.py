@@ -38,7 +38,7 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 600.0) -> Any:
     """The first true value of ``condition()``, polled every 0.2 s for at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

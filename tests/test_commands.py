@@ -42,7 +42,7 @@ def test_every_option_has_help(path):
 def test_installed_command_answers_help(name):
     executable = Path(sys.executable).parent / f"mtsa-{name.replace('_', '-')}"
     assert executable.is_file(), f"{executable} is not installed (pip install -e .)"
-    proc = subprocess.run([str(executable), "--help"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(executable), "--help"], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(f"usage: mtsa-{name.replace('_', '-')}")
 
@@ -59,6 +59,6 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, name, args, message):
     if name == "sentence_experiment":
         common += ["--out", str(tmp_path / "out")]
     proc = subprocess.run([sys.executable, str(ROOT / f"scripts/{name}.py"), *common, *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=1200)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
     assert not (tmp_path / "out").exists()

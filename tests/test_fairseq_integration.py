@@ -34,7 +34,7 @@ EVAL_BLEU = ["--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--best-checkpoin
 
 def run(tool: str, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [str(BIN / tool), *args], input=stdin, capture_output=True, text=True, env=ENV, timeout=600
+        [str(BIN / tool), *args], input=stdin, capture_output=True, text=True, env=ENV, timeout=1500
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -285,7 +285,7 @@ def test_two_process_gloo_training_and_its_checkpoint_loads(trained, tmp_path):
     procs = [subprocess.Popen([str(BIN / "fairseq-train"), *common, "--distributed-rank", str(rank)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
              for rank in (0, 1)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
+    logs = [p.communicate(timeout=1500)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
     assert "distributed init (rank 0)" in logs[0] and "distributed init (rank 1)" in logs[1]
     state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))

@@ -16,6 +16,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from process_helpers import trainer_list_is, trainers_on, wait_for
 
+from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, write_run
 from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.launch import execute
@@ -72,7 +73,7 @@ def write_config(directory: Path, name: str = "tiny", updates: int = 15, gpus: i
 
 def tool(name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     command = [sys.executable, str(ROOT / "scripts" / name)] if name.endswith(".py") else [str(BIN / name)]
-    proc = subprocess.run([*command, *args], capture_output=True, text=True, env=ENV, timeout=600)
+    proc = subprocess.run([*command, *args], capture_output=True, text=True, env=ENV, timeout=1500)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -276,7 +277,7 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
     out = tmp_path / "avg.pt"
     average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "2", "--averaged", str(out))
     models = [checkpoint_utils.load_checkpoint_to_cpu(str(p))["model"] for p in inputs]
-    averaged = torch.load(out, weights_only=True)
+    averaged = load_checkpoint(out)
     assert averaged["optimizer_history"][-1]["num_updates"] == updates_of(inputs[1])  # the rest from the newest
     for key, value in averaged["model"].items():
         assert value.dtype == models[0][key].dtype
@@ -285,7 +286,7 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
         average_script("--inputs", *map(str, inputs), "--averaged", str(out))
     assert "exists (pass --overwrite" in capsys.readouterr().err
     average_script("--inputs", *map(str, reversed(inputs)), "--averaged", str(out), "--overwrite")
-    torch.testing.assert_close(torch.load(out, weights_only=True)["model"], averaged["model"])
+    torch.testing.assert_close(load_checkpoint(out)["model"], averaged["model"])
     with pytest.raises(SystemExit, match="fewer than the 9 to average"):
         average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "9", "--averaged",
                        str(tmp_path / "nine.pt"))
@@ -441,21 +442,21 @@ def test_killed_launcher_never_leaves_two_trainers(corpus, tmp_path):
     assert f"launcher pid {first.pid}" in holders and trainer_list_is(run_dir, [trainer])
     first.kill()  # kill -9 of the launcher: its trainer is told to stop (SIGTERM) and releases the run
     first.wait()
-    wait_for(lambda: not trainers_on(run_dir), "the orphaned trainer to stop", timeout=60)
+    wait_for(lambda: not trainers_on(run_dir), "the orphaned trainer to stop", timeout=300)
     assert run_json(run_dir)["status"] == "running"  # stale: nobody holds the lock
 
     second = start_launcher(config, corpus / "prepared", tmp_path / "runs")
-    wait_for(lambda: "Loaded checkpoint" in (run_dir / "train.log").read_text(), "the rerun to resume", timeout=180)
+    wait_for(lambda: "Loaded checkpoint" in (run_dir / "train.log").read_text(), "the rerun to resume", timeout=600)
     assert trainer_list_is(run_dir, wait_for(lambda: trainers_on(run_dir), "the second trainer"))
     log_before = (run_dir / "train.log").read_text()
     third = subprocess.run(start_launcher(config, corpus / "prepared", tmp_path / "runs").args, capture_output=True,
-                           text=True, env=ENV, timeout=120)
+                           text=True, env=ENV, timeout=600)
     assert third.returncode == 1
     assert re.fullmatch(rf"error: run {re.escape(str(run_dir))} is in use by launcher pid {second.pid}, trainer pid "
                         r"\d+; wait for it to finish or stop it, then rerun\n", third.stderr), third.stderr
     assert len(trainers_on(run_dir)) == 1 and (run_dir / "train.log").read_text().startswith(log_before)
 
     second.terminate()  # a plain kill: the launcher stops its trainer and records the run as interrupted
-    assert second.wait(timeout=60) == 143  # 128 + SIGTERM, after stopping its trainer
-    wait_for(lambda: not trainers_on(run_dir), "the second trainer to stop", timeout=60)
+    assert second.wait(timeout=300) == 143  # 128 + SIGTERM, after stopping its trainer
+    wait_for(lambda: not trainers_on(run_dir), "the second trainer to stop", timeout=300)
     assert run_json(run_dir)["status"] == "interrupted"

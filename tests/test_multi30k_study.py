@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
 from mtsa_fairseq.experiments.commands import multi30k_study as study
 from mtsa_fairseq.experiments.translation.train_config import is_mtsa_option, load_config
@@ -119,5 +120,5 @@ def test_probe_curves_and_averaged_checkpoint(tmp_path):
                     "optimizer_history": [{"num_updates": 100 * epoch}]}, run_dir / f"checkpoint{epoch}.pt")
     averaged = study.averaged_checkpoint(run_dir)
     assert averaged.name == "checkpoint_avg5.pt"
-    state = torch.load(averaged, weights_only=True)
+    state = load_checkpoint(averaged)
     assert state["model"]["w"].tolist() == [5.0, 5.0] and state["optimizer_history"][-1]["num_updates"] == 700

@@ -32,7 +32,7 @@ def tiny_config(directory: Path, demo: str) -> Path:
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(PIPELINE), *args], capture_output=True, text=True, env=ENV,
-                          timeout=900)
+                          timeout=1800)
 
 
 @pytest.fixture(scope="module")
@@ -137,13 +137,13 @@ def test_killed_pipeline_leaves_no_trainer_and_a_second_one_is_refused(tmp_path)
             str(system), "--threads", "1"]
     first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     run_dir = out / "runs" / "tiny_transformer" / "seed1"
-    wait_for(lambda: trainers_on(run_dir), "the first trainer", timeout=300)
-    second = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=300)
+    wait_for(lambda: trainers_on(run_dir), "the first trainer", timeout=1200)
+    second = subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=1200)
     assert second.returncode == 1 and second.stderr.strip().splitlines()[-1] == (
         f"error: pipeline output {out} is in use by pipeline pid {first.pid}; wait for it to finish or stop it, "
         "then rerun")
     first.kill()  # kill -9: train_seeds is told to stop, and stops its trainer
     first.wait()
-    wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=60)
+    wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=300)
     wait_for(lambda: json.loads((run_dir / "run.json").read_text())["status"] == "interrupted",
-             "train_seeds to record the run as interrupted", timeout=30)
+             "train_seeds to record the run as interrupted", timeout=120)

@@ -29,7 +29,7 @@ COMMANDS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "mtsa_f
 
 
 def test_user_dir_loads_the_plugin_and_nothing_else():
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600, check=True)
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=1500, check=True)
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded["new"] == ["mtsa_fairseq"]
     outside = [m for m in loaded["ours"] if m.split(".")[1] not in PLUGIN]
@@ -42,7 +42,7 @@ def test_experiment_commands_start_without_torch_or_fairseq():
     package's root registers nothing (fairseq's --user-dir imports ``tasks/`` and ``models/``, which do)."""
     probe = ("import json, sys\n" + "".join(f"import mtsa_fairseq.experiments.commands.{c}\n" for c in COMMANDS) +
              "print(json.dumps(sorted({'torch', 'fairseq', 'scipy', 'matplotlib'} & set(sys.modules))))")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600, check=True)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=1500, check=True)
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
     assert {"pipeline", "train_seeds", "score", "significance", "prepare_data", "prepare_sentence_data"} <= set(
         COMMANDS)

@@ -40,7 +40,7 @@ LONG = " ".join(["the big red dog"] * 75)  # 300 words: more than 256 pieces
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=ENV,
-                          timeout=300)
+                          timeout=1200)
 
 
 def append(path: Path, *lines: str) -> None:
@@ -378,11 +378,11 @@ def test_killed_preparation_stops_its_child_and_the_rerun_cleans_up(toy):
     args = [sys.executable, str(SCRIPT), "--source-lang", "en", "--target-lang", "de", "--train", raw / "train.en",
             raw / "train.de", "--valid-from-train", "10", "--out", toy / "out", "--vocab-size", "50"]
     proc = subprocess.Popen(list(map(str, args)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    child = wait_for(lambda: preprocess_children(toy), "fairseq-preprocess", timeout=120)
+    child = wait_for(lambda: preprocess_children(toy), "fairseq-preprocess", timeout=600)
     assert len(child) == 1
     proc.kill()  # kill -9 in the middle of fairseq-preprocess
     proc.wait()
-    wait_for(lambda: not preprocess_children(toy), "fairseq-preprocess to stop with its parent", timeout=60)
+    wait_for(lambda: not preprocess_children(toy), "fairseq-preprocess to stop with its parent", timeout=300)
     assert [name for name in leftovers(toy) if name.startswith(".out.tmp-")] and not (toy / "out").exists()
     rerun = run_script(*args[2:])
     assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -95,5 +95,5 @@ def test_commands_end_on_ctrl_c_or_kill_with_one_line(signum, code):
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == code and err == "interrupted: rerun the same command to resume\n"

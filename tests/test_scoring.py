@@ -58,7 +58,7 @@ REFS = ["Die Zwei-Staaten-Lösung war seit 1967 gut.", "Das ist ein well-known T
 
 
 def run(tool: str, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=ENV, timeout=600)
+    proc = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=ENV, timeout=1500)
     if proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
@@ -66,7 +66,7 @@ def run(tool: str, *args: str) -> subprocess.CompletedProcess:
 
 def score(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=ENV,
-                          timeout=600)
+                          timeout=1500)
 
 
 def test_compound_split():
@@ -335,7 +335,7 @@ def test_an_interrupted_scorer_says_one_line_and_stops_fairseq_generate(trained,
     checkpoint = str(trained / "ckpt/checkpoint_last.pt")
     wait_for(lambda: processes_naming(checkpoint, "fairseq-generate"), "fairseq-generate")
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == code
     assert err.strip().splitlines()[-1] == "interrupted: rerun the same command to resume"
     assert "Traceback" not in err

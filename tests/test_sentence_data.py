@@ -56,7 +56,7 @@ def loaded(dataset: str, **options) -> dict:
 
 def run_script(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=ENV,
-                          timeout=300)
+                          timeout=1200)
 
 
 def decoded(out: Path, split: str, side: int = 0, rows: int | None = None) -> list[list[str]]:

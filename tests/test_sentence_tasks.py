@@ -333,7 +333,7 @@ def test_experiment_never_leaves_two_trainers_on_a_run(trec_data, tmp_path):
     assert trainers_on(run_dir) == trainer
     experiment.kill()  # kill -9: the trainer stops with it
     experiment.wait()
-    wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=60)
+    wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=300)
 
     config.write_text(SMALL.format(updates=10))  # a rerun takes the freed run over and finishes it
     run(*cmd)
@@ -353,7 +353,7 @@ def test_terminated_parallel_experiment_records_its_runs_as_interrupted(trec_dat
     for run_dir in run_dirs:
         wait_for(lambda run_dir=run_dir: trainers_on(run_dir), "both trainers")
     experiment.terminate()
-    _, err = experiment.communicate(timeout=120)
+    _, err = experiment.communicate(timeout=600)
     assert experiment.returncode == 143
     assert err.strip().splitlines()[-1] == "interrupted: rerun the same command to resume"
     for run_dir in run_dirs:

@@ -246,7 +246,7 @@ def test_script_writes_report_json_and_png(results, tmp_path):
         [sys.executable, str(SCRIPT), "--baseline", *map(str, files["base"]), "--system", *map(str, files["mtsa"]),
          "--names", "Transformer", "MTSA", "--test", "student", "--markdown", f"{out}.md", "--json", f"{out}.json",
          "--plot", f"{out}.png", *FAST],
-        capture_output=True, text=True, env=ENV, timeout=300,
+        capture_output=True, text=True, env=ENV, timeout=1200,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = Path(f"{out}.md").read_text()
@@ -280,7 +280,7 @@ def test_script_errors_write_nothing(results, tmp_path, case):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--baseline", *map(str, base), "--system", *map(str, mtsa),
          "--markdown", str(md), "--plot", str(tmp_path / "out.png"), *FAST],
-        capture_output=True, text=True, env=ENV, timeout=300,
+        capture_output=True, text=True, env=ENV, timeout=1200,
     )
     assert proc.returncode != 0
     assert message in proc.stderr

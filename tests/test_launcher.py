@@ -16,6 +16,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from process_helpers import trainer_list_is, trainers_on, wait_for
 
+import mtsa_fairseq.plugin  # noqa: F401  (fairseq's checkpoint loader below needs the plugin, as users' code does)
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, write_run
 from mtsa_fairseq.experiments.translation import slurm

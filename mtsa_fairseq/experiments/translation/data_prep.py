@@ -388,10 +388,11 @@ def subset_name(k: int) -> str:
 
 def binarized_sizes(bin_dir: Path, subset: str, source_lang: str, target_lang: str) -> tuple[int, int]:
     """Number of sentences of ``subset`` on each side of a fairseq-preprocess output directory."""
-    prefix = bin_dir / f"{subset}.{source_lang}-{target_lang}"
-    src, tgt = (len(read_index(idx)[1]) if idx.is_file() and idx.with_suffix(".bin").is_file() else 0
-                for idx in (prefix.with_name(f"{prefix.name}.{lang}.idx") for lang in (source_lang, target_lang)))
-    return src, tgt
+    sizes = []
+    for lang in (source_lang, target_lang):
+        index = bin_dir / f"{subset}.{source_lang}-{target_lang}.{lang}.idx"
+        sizes.append(len(read_index(index)[1]) if index.is_file() and index.with_suffix(".bin").is_file() else 0)
+    return sizes[0], sizes[1]
 
 
 def dictionary_size(bin_dir: Path, lang: str) -> int:

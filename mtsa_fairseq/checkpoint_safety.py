@@ -34,7 +34,11 @@ def allow_fairseq_checkpoints() -> None:
 
 
 def load_checkpoint(path: str | Path) -> Any:
-    """``torch.load`` of a fairseq checkpoint on CPU, memory-mapped, ``weights_only`` with exactly
-    :data:`FAIRSEQ_CHECKPOINT_GLOBALS` allowed."""
-    with torch.serialization.safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS):
+    """``torch.load`` of a fairseq checkpoint on CPU, memory-mapped, ``weights_only`` with
+    :data:`FAIRSEQ_CHECKPOINT_GLOBALS` allowed for this load.
+
+    Only the classes not yet allowed enter the temporary allow-list: torch's ``safe_globals`` context removes
+    what it added on exit, even classes :func:`allow_fairseq_checkpoints` had allowed for the whole process."""
+    allowed = torch.serialization.get_safe_globals()
+    with torch.serialization.safe_globals([g for g in FAIRSEQ_CHECKPOINT_GLOBALS if g not in allowed]):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

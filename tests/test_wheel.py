@@ -1,16 +1,18 @@
 """The project as users install it (``pip install .`` or ``pip install git+URL``: a wheel, not an editable
-checkout): built, installed into a fresh virtual environment that shares this environment's torch and fairseq,
+checkout): built, installed into a fresh virtual environment that shares this environment's packages (torch, fairseq),
 and run from a directory outside the checkout."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # builds a wheel and runs the demo pipeline end to end
+pytestmark = pytest.mark.slow  # builds a wheel and trains the demo pipeline's runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +38,11 @@ def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", ROOT, "-w", root / "wheels",
          env=env)
     venv = root / "venv"
-    _run(sys.executable, "-m", "venv", "--system-site-packages", venv)
+    _run(sys.executable, "-m", "venv", venv)
+    # share this environment's packages (torch, fairseq, tqdm, ...), not the base interpreter's: a .pth line adds
+    # the directory as it is, without running its .pth files (this checkout's editable install stays out)
+    shared = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    (next((venv / "lib").glob("python*/site-packages")) / "shared_environment.pth").write_text("\n".join(shared) + "\n")
     _run(venv / "bin/python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", *(root / "wheels").glob("*.whl"),
          env=env)
     work = root / "work"
@@ -60,12 +66,16 @@ def test_every_console_entry_point_answers_help(installed):
         assert "usage:" in _run(venv / "bin" / name, "--help", cwd=work, env=env), name
 
 
-def test_the_demo_pipeline_runs_from_the_wheel_to_its_report(installed):
-    """The pipeline calls its steps as modules of the installed package and reads the demo configs from it."""
+def test_the_demo_pipeline_trains_from_the_wheel(installed):
+    """The pipeline calls its steps as modules of the installed package, reads the demo configs from it and gives
+    fairseq the installed plugin (scoring and the report, the same modules, are tested from the checkout)."""
     venv, work, env = installed
-    _run(venv / "bin/mtsa-pipeline", "--out", "demo", "--seeds", "1", "2", "--cpu", "--threads", "1",
+    _run(venv / "bin/mtsa-pipeline", "--out", "demo", "--seeds", "1", "2", "--cpu", "--threads", "1", "--train-only",
          "--train-args", "--extra-args '--max-update 3'", cwd=work, env=env)
-    report = (work / "demo/report.md").read_text()
-    assert "| Transformer |" in report and "| MTSA |" in report
-    assert sorted(p.name for p in (work / "demo/results").glob("*.json")) == [
-        f"demo_{system}_seed{seed}_toy_test.json" for system in ("mtsa", "transformer") for seed in (1, 2)]
+    records = [json.loads(p.read_text()) for p in sorted((work / "demo/runs").glob("*/seed*/run.json"))]
+    assert [(r["system"], r["seed"], r["status"], r["num_updates"]) for r in records] == [
+        (system, seed, "done", 3) for system in ("mtsa", "transformer") for seed in (1, 2)]
+    site = next((venv / "lib").glob("python*/site-packages"))
+    for record in records:
+        assert record["command"][record["command"].index("--user-dir") + 1] == str(site / "mtsa_fairseq")
+        assert record["config_path"].startswith(str(site / "mtsa_fairseq/experiments/configs"))

@@ -322,6 +322,7 @@ def test_slurm_jobs_dry_run(corpus, tmp_path, capsys):
     out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("# would build")]
     assert json.loads(out[0].split("Slurm job ", 1)[1].rsplit(", every task:", 1)[0]) == {
         "name": "tiny_gpu.seed3", "nodes": 1, "tasks_per_node": 2, "gpus_per_node": 2, "timeout_min": 4320,
+        "slurm_signal_delay_s": 90,
         "cpus_per_task": 4, "slurm_partition": "gpu",
         "slurm_additional_parameters": {"account": "nlp", "constraint": "volta32gb"}}
     command = out[1].split()
@@ -402,6 +403,8 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
     (LaunchOptions(average_last=5), "'keep-interval-updates' >= 5"),
     (LaunchOptions(slurm_partition="gpu"), "--slurm-* options are for --launcher slurm"),
     (LaunchOptions(launcher="slurm", slurm_args=("account",)), "'account' is not KEY=VALUE"),
+    (LaunchOptions(launcher="slurm", slurm_time=2), "--slurm-time must be >= 3 minutes"),
+    (LaunchOptions(launcher="slurm", slurm_requeues=-1), "--slurm-requeues must be >= 0"),
 ])
 def test_plan_rejects_inconsistent_options(corpus, tmp_path, options, message):
     config = write_config(tmp_path / "configs")

@@ -186,11 +186,10 @@ def test_unequal_query_and_key_blocks(tiles, t2t, direction, include_self, q_len
 def test_causal_module_decodes_incrementally():
     """The decoder's self-attention on the kernel: full causal forward = step-by-step decoding with the
     cache = the float64 module."""
-    m = MTSAMultiheadAttention(32, 4, causal=True).eval()
+    m = MTSAMultiheadAttention(32, 4, causal=True, kernel="triton").eval()
     m64 = MTSAMultiheadAttention(32, 4, causal=True).double().eval()
     m64.load_state_dict(m.state_dict())
     m = m.to(DEVICE)
-    m.kernel = "triton"
     x = torch.randn(9, 2, 32).to(DEVICE)
     x64 = x.cpu().double()
     mask = torch.triu(torch.full((9, 9), float("-inf")), 1)
@@ -223,10 +222,9 @@ def test_module_gradients_match_float64(causal):
     """``MTSAMultiheadAttention`` training on the kernel: the gradients of its input and of every parameter
     equal the float64 module's (the module hands the kernel a permuted output gradient)."""
     m64 = MTSAMultiheadAttention(32, 4, causal=causal).double()
-    m = MTSAMultiheadAttention(32, 4, causal=causal)
+    m = MTSAMultiheadAttention(32, 4, causal=causal, kernel="triton")
     m.load_state_dict(m64.state_dict())
     m = m.to(DEVICE)
-    m.kernel = "triton"
     x64 = torch.randn(L, B, 32, dtype=torch.float64, requires_grad=True)
     x = x64.detach().float().to(DEVICE).requires_grad_()
     pad, mask = (None, torch.triu(torch.full((L, L), float("-inf")), 1)) if causal else (padding(), None)

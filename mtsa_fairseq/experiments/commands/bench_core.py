@@ -55,8 +55,8 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
     if method == "mha":
         module = MultiheadAttention(dim, heads, self_attention=True)
     else:
-        module = MTSAMultiheadAttention(dim, heads)
-        module.kernel = {"mtsa-sdpa": "sdpa", "mtsa-triton": "triton"}.get(method, "auto")
+        kernel = {"mtsa-sdpa": "sdpa", "mtsa-triton": "triton"}.get(method, "auto")
+        module = MTSAMultiheadAttention(dim, heads, kernel=kernel)
     module = module.to(device=device, dtype=dtype)
 
     def step(x, pad):

@@ -13,7 +13,15 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.launch import execute
-from mtsa_fairseq.experiments.translation.plan import LAUNCHERS, SLURM_REQUEUES, SLURM_TIME, LaunchOptions, plan
+from mtsa_fairseq.experiments.translation.plan import (
+    LAUNCHERS,
+    MIN_SLURM_TIME,
+    SLURM_REQUEUES,
+    SLURM_SIGNAL_DELAY_S,
+    SLURM_TIME,
+    LaunchOptions,
+    plan,
+)
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
@@ -49,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the commands (and Slurm job parameters), write nothing")
     parser.add_argument("--slurm-partition", help="with --launcher slurm: the partition to submit to")
     parser.add_argument("--slurm-time", type=int, default=SLURM_TIME, metavar="MINUTES",
-                        help=f"with --launcher slurm: time limit per job; a job that reaches it is requeued and "
-                             f"resumes from checkpoint_last.pt (default: {SLURM_TIME})")
+                        help=f"with --launcher slurm: time limit per job, at least {MIN_SLURM_TIME}; Slurm signals "
+                             f"the job {SLURM_SIGNAL_DELAY_S} s before it, and the job is requeued and resumes from "
+                             f"checkpoint_last.pt (default: {SLURM_TIME})")
     parser.add_argument("--slurm-requeues", type=int, default=SLURM_REQUEUES,
                         help=f"with --launcher slurm: timeouts after which a job is not requeued again "
                              f"(default: {SLURM_REQUEUES})")

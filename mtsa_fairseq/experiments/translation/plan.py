@@ -33,6 +33,8 @@ from mtsa_fairseq.experiments.translation.training_view import (
 LAUNCHERS = ("local", "torchrun", "slurm")
 SLURM_TIME = 4320  # minutes a Slurm job may run before it is requeued (and resumes)
 SLURM_REQUEUES = 10  # requeues after a timeout before a seed's job gives up
+SLURM_SIGNAL_DELAY_S = 90  # Slurm warns a job (submitit's USR2) this long before its time limit; it then requeues
+MIN_SLURM_TIME = 3  # minutes: a job trains at least as long as the warning ahead of its limit
 # fairseq on CPU under torchrun: its own torchrun detection divides by the GPU count, and an explicit
 # env:// init with its default rank 0 would give every process rank 0; rank -1 lets torch read RANK.
 TORCHRUN_CPU_ARGS = (
@@ -212,8 +214,11 @@ def _check_options(options: LaunchOptions, seeds: list[int]) -> None:
     slurm_defaults = (options.slurm_time, options.slurm_requeues) == (SLURM_TIME, SLURM_REQUEUES)
     if options.launcher != "slurm" and (options.slurm_partition or options.slurm_args or not slurm_defaults):
         raise LaunchError("--slurm-* options are for --launcher slurm")
-    if options.slurm_time < 1 or options.slurm_requeues < 0:
-        raise LaunchError("--slurm-time must be >= 1 (minutes) and --slurm-requeues >= 0")
+    if options.slurm_time < MIN_SLURM_TIME:
+        raise LaunchError(f"--slurm-time must be >= {MIN_SLURM_TIME} minutes: Slurm signals the job "
+                          f"{SLURM_SIGNAL_DELAY_S} s before its limit, and it is requeued then")
+    if options.slurm_requeues < 0:
+        raise LaunchError("--slurm-requeues must be >= 0")
     malformed = [arg for arg in options.slurm_args if "=" not in arg or arg.startswith("=")]
     if malformed:
         raise LaunchError(f"--slurm-args: {malformed[0]!r} is not KEY=VALUE (an sbatch option without its dashes)")

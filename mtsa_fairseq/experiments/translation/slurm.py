@@ -18,7 +18,7 @@ from submitit.core.utils import DelayedSubmission
 
 from mtsa_fairseq.experiments.processes import RunLock, run_logged
 from mtsa_fairseq.experiments.runs import checkpoint_updates, previous_run, record_finish, record_start, write_run
-from mtsa_fairseq.experiments.translation.plan import Plan, SeedRun
+from mtsa_fairseq.experiments.translation.plan import SLURM_SIGNAL_DELAY_S, Plan, SeedRun
 from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
@@ -79,7 +79,7 @@ def job_parameters(plan_: Plan, run: SeedRun) -> dict[str, Any]:
     parameters: dict[str, Any] = {
         "name": f"{plan_.config.name}.seed{run.seed}", "nodes": plan_.nnodes,
         "tasks_per_node": plan_.nproc_per_node, "gpus_per_node": 0 if plan_.cpu else plan_.nproc_per_node,
-        "timeout_min": options.slurm_time,
+        "timeout_min": options.slurm_time, "slurm_signal_delay_s": SLURM_SIGNAL_DELAY_S,
     }
     if options.threads:
         parameters["cpus_per_task"] = options.threads

@@ -28,6 +28,7 @@ RESULT_SCHEMA = "mtsa-fairseq.result.v1"
 SENTENCE_RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 SENTENCE_KINDS = ("single", "pair", "relatedness")  # what one example of a sentence dataset holds
+BLEU_METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")  # the BLEU values of a result file
 
 
 def read_run(run_dir: Path, error: type[Exception] = ValueError) -> dict[str, Any]:

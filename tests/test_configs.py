@@ -11,13 +11,13 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.optim import lr_scheduler
 
 from mtsa_fairseq.contracts import load_yaml
+from mtsa_fairseq.experiments.errors import ConfigError
+from mtsa_fairseq.experiments.fairseq_train import options_to_args
 from mtsa_fairseq.experiments.translation.train_config import (
-    ConfigError,
     check_with_fairseq,
     fairseq_args,
     is_mtsa_option,
     load_config,
-    options_to_args,
     t2t_learning_rate,
     t2t_peak_learning_rate,
 )

@@ -18,13 +18,13 @@ from process_helpers import trainer_list_is, trainers_on, wait_for
 
 import mtsa_fairseq.plugin  # noqa: F401  (fairseq's checkpoint loader below needs the plugin, as users' code does)
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
+from mtsa_fairseq.experiments.errors import LaunchError
+from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, write_run
 from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.launch import execute
 from mtsa_fairseq.experiments.translation.plan import LaunchOptions, plan
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
-from mtsa_fairseq.experiments.translation.train_config import USER_DIR
-from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 

@@ -1,7 +1,8 @@
 """What ``--user-dir mtsa_fairseq`` loads: the plugin only, and no library that fairseq's own translation task,
-transformer model and criterions do not load already; and what the experiment commands load: neither torch nor
-fairseq until they need them (each checked in a fresh interpreter)."""
+transformer model and criterions do not load already; what the experiment commands load: neither torch nor
+fairseq until they need them (each checked in a fresh interpreter); and how the experiment tooling is layered."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -24,8 +25,10 @@ print(json.dumps({"new": sorted({m.split(".")[0] for m in sys.modules} - before)
                                  ARCH_MODEL_REGISTRY, "sentence_encoding" in TASK_REGISTRY, "sentence_encoding" in
                                  CRITERION_REGISTRY]}))
 """
-COMMANDS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "mtsa_fairseq/experiments/commands")
-                  .glob("*.py") if p.stem != "__init__")
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "mtsa_fairseq/experiments"
+COMMANDS = sorted(p.stem for p in (EXPERIMENTS / "commands").glob("*.py") if p.stem != "__init__")
+# what both experiment stacks (translation/, sentence/) build on
+SHARED = {"checkpoint_average", "errors", "fairseq_train", "files", "processes", "runs", "significance"}
 
 
 def test_user_dir_loads_the_plugin_and_nothing_else():
@@ -46,3 +49,28 @@ def test_experiment_commands_start_without_torch_or_fairseq():
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
     assert {"pipeline", "train_seeds", "score", "significance", "prepare_data", "prepare_sentence_data"} <= set(
         COMMANDS)
+
+
+def _project_imports(path: Path) -> set[str]:
+    """The ``mtsa_fairseq`` modules ``path`` imports (at the top or inside functions), without the prefix."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mtsa_fairseq."):
+            found.add(node.module.removeprefix("mtsa_fairseq."))
+        elif isinstance(node, ast.Import):
+            found |= {a.name.removeprefix("mtsa_fairseq.") for a in node.names if a.name.startswith("mtsa_fairseq.")}
+    return found
+
+
+def test_each_experiment_stack_imports_only_itself_the_shared_layer_and_the_plugin():
+    assert {p.stem for p in EXPERIMENTS.glob("*.py")} == SHARED | {"__init__"}
+    allowed = {f"experiments.{name}" for name in SHARED} | PLUGIN | {"plugin"}
+    for stack in ("translation", "sentence"):
+        for path in (EXPERIMENTS / stack).glob("*.py"):
+            wrong = {m for m in _project_imports(path) if m.split(".")[0] not in allowed and
+                     ".".join(m.split(".")[:2]) not in allowed and not m.startswith(f"experiments.{stack}")}
+            assert not wrong, f"{stack}/{path.name} imports {sorted(wrong)}"
+    for name in SHARED:  # the shared layer climbs into neither stack
+        wrong = {m for m in _project_imports(EXPERIMENTS / f"{name}.py") if m.split(".")[0] not in allowed and
+                 ".".join(m.split(".")[:2]) not in allowed}
+        assert not wrong, f"{name}.py imports {sorted(wrong)}"

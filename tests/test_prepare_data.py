@@ -13,10 +13,11 @@ import sentencepiece as spm
 from fairseq.data import Dictionary, data_utils
 from process_helpers import wait_for
 
+from mtsa_fairseq.experiments.errors import DataError
+from mtsa_fairseq.experiments.files import staging_dir
 from mtsa_fairseq.experiments.translation import scoring
 from mtsa_fairseq.experiments.translation.data_prep import (
     Corpus,
-    DataError,
     NamedCorpus,
     PrepareConfig,
     check_pair,
@@ -26,7 +27,6 @@ from mtsa_fairseq.experiments.translation.data_prep import (
     iter_lines,
     normalize,
     prepare,
-    staging_dir,
     validate,
 )
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus

@@ -14,8 +14,8 @@ import pytest
 from process_helpers import trainers_on, wait_for
 
 from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.experiments.fairseq_train import options_to_args, parse_fairseq_train
 from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, load_task_config
-from mtsa_fairseq.experiments.translation.train_config import options_to_args, parse_fairseq_train
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from mtsa_fairseq.experiments.errors import DataError
+from mtsa_fairseq.experiments.processes import RunLock
 
 
 @contextlib.contextmanager
@@ -52,3 +57,38 @@ def readable_json(path: str | Path) -> bool:
         return isinstance(json.loads(Path(path).read_text(encoding="utf-8")), dict)
     except (OSError, ValueError):
         return False
+
+
+@contextlib.contextmanager
+def staging_dir(out: Path) -> Iterator[Path]:
+    """A new hidden sibling of ``out`` to build it in (the caller renames it into place; otherwise it is removed).
+
+    A lock on ``out``'s staging is held meanwhile: a second preparation of the same output is refused while one
+    is live, and the temporaries that killed preparations left behind are removed first."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with RunLock(out.parent / f".{out.name}.lock", f"output {out}", "preparation").acquire(DataError):
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished temporary directory ``tmp`` to ``out`` (replacing an existing ``out``)."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    out.rename(old / out.name)
+    tmp.rename(out)
+    shutil.rmtree(old)
+
+
+def current_umask() -> int:
+    """The process umask (read without changing it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

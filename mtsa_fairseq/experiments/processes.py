@@ -21,6 +21,7 @@ import ctypes
 import fcntl
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+from mtsa_fairseq.experiments.errors import LaunchError
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
@@ -120,6 +123,17 @@ def terminate_on_sigterm() -> None:
     """Make SIGTERM raise :class:`Terminated` in the main thread (Python's default exits without cleanup)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def find_executable(name: str) -> str:
+    """``name`` next to this interpreter (its virtual environment), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which(name)
+    if not found:
+        raise LaunchError(f"{name} not found (next to {sys.executable} or on PATH)")
+    return found
 
 
 def run_command(main: Callable[[], None]) -> None:

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.contracts import read_run
-from mtsa_fairseq.experiments.files import atomic_path, write_json
-from mtsa_fairseq.experiments.translation.checkpoint_average import (
+from mtsa_fairseq.experiments.checkpoint_average import (
     EPOCH_CHECKPOINT,
     UPDATE_CHECKPOINT,
     AverageError,
     average_checkpoints,
     save_checkpoint,
 )
-from mtsa_fairseq.experiments.translation.training_view import LaunchError
+from mtsa_fairseq.experiments.errors import LaunchError
+from mtsa_fairseq.experiments.files import atomic_path, write_json
 
 _WPS = re.compile(r"\| train_inner \| .*\bwps=([0-9.]+)")
 _LOGGED_UPDATES = re.compile(r"\bnum_updates[= ](\d+)")

@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import RESULT_SCHEMA, read_json, read_lines
-from mtsa_fairseq.experiments.translation.scoring import BLEU_METRICS
+from mtsa_fairseq.contracts import BLEU_METRICS, RESULT_SCHEMA, read_json, read_lines
 
 TESTS = ("welch", "student")
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}

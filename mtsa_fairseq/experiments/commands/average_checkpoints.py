@@ -11,13 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.translation.checkpoint_average import (
+from mtsa_fairseq.experiments.checkpoint_average import (
     AverageError,
     average_checkpoints,
     last_checkpoints,
     save_checkpoint,
 )
+from mtsa_fairseq.experiments.processes import run_command
 
 
 def _main() -> None:

@@ -35,14 +35,14 @@ from pathlib import Path
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
 from mtsa_fairseq.experiments import CONFIGS as PACKAGE_CONFIGS
 from mtsa_fairseq.experiments import command
-from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
-from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.translation.checkpoint_average import (
+from mtsa_fairseq.experiments.checkpoint_average import (
     AverageError,
     average_checkpoints,
     last_checkpoints,
     save_checkpoint,
 )
+from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
+from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, run_curve
 
 CONFIGS = {"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml", "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"}

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mtsa_fairseq.experiments import CONFIGS, command
+from mtsa_fairseq.experiments.errors import ConfigError
 from mtsa_fairseq.experiments.files import readable_json
 from mtsa_fairseq.experiments.processes import (
     PROGRESS_PREFIX,
@@ -37,7 +38,7 @@ from mtsa_fairseq.experiments.processes import (
     run_logged,
     stop_children,
 )
-from mtsa_fairseq.experiments.translation.train_config import ConfigError, check_with_fairseq, load_config
+from mtsa_fairseq.experiments.translation.train_config import check_with_fairseq, load_config
 
 TOY_SIZES = {"train": 4000, "valid": 200, "test": 200}
 

@@ -8,12 +8,12 @@ be plain text or gzip.
 import argparse
 from pathlib import Path
 
+from mtsa_fairseq.experiments.errors import DataError
 from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.data_prep import (
     MODEL_TYPES,
     NORMALIZATIONS,
     Corpus,
-    DataError,
     NamedCorpus,
     PrepareConfig,
     prepare,

@@ -14,10 +14,10 @@ import logging
 import sys
 from pathlib import Path
 
+from mtsa_fairseq.contracts import BLEU_METRICS
 from mtsa_fairseq.experiments import significance
 from mtsa_fairseq.experiments.files import atomic_path, write_atomic
 from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.translation.scoring import BLEU_METRICS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.translation.launch import execute
 from mtsa_fairseq.experiments.translation.plan import (
@@ -22,7 +23,6 @@ from mtsa_fairseq.experiments.translation.plan import (
     LaunchOptions,
     plan,
 )
-from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
 def build_parser() -> argparse.ArgumentParser:

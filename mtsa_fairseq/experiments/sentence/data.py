@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA
-from mtsa_fairseq.experiments.translation.data_prep import DataError, current_umask, move_into_place, staging_dir
+from mtsa_fairseq.experiments.errors import DataError
+from mtsa_fairseq.experiments.files import current_umask, move_into_place, staging_dir
 
 if TYPE_CHECKING:  # imported where used: the command's --help and usage errors load neither
     import torch

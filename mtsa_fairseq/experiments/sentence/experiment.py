@@ -33,8 +33,16 @@ from typing import Any
 import numpy as np
 
 from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, read_json
+from mtsa_fairseq.experiments.errors import ConfigError, LaunchError
+from mtsa_fairseq.experiments.fairseq_train import (
+    USER_DIR,
+    option_origins,
+    options_to_args,
+    parse_fairseq_train,
+    read_config_file,
+)
 from mtsa_fairseq.experiments.files import atomic_path, write_json
-from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
+from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged
 from mtsa_fairseq.experiments.runs import (
     finish_run,
     mean_train_wps,
@@ -44,16 +52,6 @@ from mtsa_fairseq.experiments.runs import (
     write_run,
 )
 from mtsa_fairseq.experiments.significance import SignificanceError, paired_t_test, t_test
-from mtsa_fairseq.experiments.translation.plan import find_executable
-from mtsa_fairseq.experiments.translation.train_config import (
-    USER_DIR,
-    ConfigError,
-    option_origins,
-    options_to_args,
-    parse_fairseq_train,
-    read_config_file,
-)
-from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 TASK_METRICS = ("accuracy", "pearson")

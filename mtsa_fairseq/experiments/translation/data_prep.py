@@ -37,10 +37,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import unicodedata
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -48,7 +47,9 @@ from typing import TextIO
 import sentencepiece as spm
 
 from mtsa_fairseq.contracts import MANIFEST_SCHEMA, iter_lines, open_binary
-from mtsa_fairseq.experiments.processes import RunLock, child_options, stop_group
+from mtsa_fairseq.experiments.errors import DataError
+from mtsa_fairseq.experiments.files import current_umask, move_into_place, staging_dir
+from mtsa_fairseq.experiments.processes import child_options, stop_group
 from mtsa_fairseq.experiments.translation.training_view import read_index
 
 NORMALIZATIONS = ("nfkc", "nfc", "none")
@@ -60,10 +61,6 @@ _PROGRESS_EVERY = 1_000_000
 # Cc (U+0000-001F, U+007F-009F): the whitespace ones become spaces, the others (and the BOM) are deleted.
 _CONTROL = {c: (" " if chr(c).isspace() else None) for c in (*range(0x20), *range(0x7F, 0xA0))}
 _CONTROL[0xFEFF] = None
-
-
-class DataError(ValueError):
-    """Bad input or configuration, reported to the user as one line."""
 
 
 @dataclass(frozen=True)
@@ -426,34 +423,6 @@ def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid
 # ------------------------------------------------------------------------------------------- prepare
 
 
-@contextmanager
-def staging_dir(out: Path) -> Iterator[Path]:
-    """A new hidden sibling of ``out`` to build it in (the caller renames it into place; otherwise it is removed).
-
-    A lock on ``out``'s staging is held meanwhile: a second preparation of the same output is refused while one
-    is live, and the temporaries that killed preparations left behind are removed first."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with RunLock(out.parent / f".{out.name}.lock", f"output {out}", "preparation").acquire(DataError):
-        for stale in out.parent.glob(f".{out.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            yield tmp
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def move_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished temporary directory ``tmp`` to ``out`` (replacing an existing ``out``)."""
-    if not out.exists():
-        tmp.rename(out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    out.rename(old / out.name)
-    tmp.rename(out)
-    shutil.rmtree(old)
-
-
 def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     """Validate, then write the prepared directory ``cfg.out``; return its manifest.
 
@@ -545,8 +514,3 @@ def _log_summary(cfg: PrepareConfig, out: Path, stats: TrainStats, counts: dict[
     log(f"[prepare] wrote {out}")
 
 
-def current_umask() -> int:
-    """The process umask (read without changing it)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

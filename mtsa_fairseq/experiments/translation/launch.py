@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
 from mtsa_fairseq.experiments.runs import (
     finish_run,
@@ -32,7 +33,6 @@ from mtsa_fairseq.experiments.runs import (
 )
 from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.plan import Plan, SeedRun
-from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
 def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = print) -> int:

@@ -4,26 +4,23 @@ parser) is checked by :func:`plan` before anything is written."""
 from __future__ import annotations
 
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.contracts import RUN_SCHEMA
+from mtsa_fairseq.experiments.errors import ConfigError, LaunchError
+from mtsa_fairseq.experiments.fairseq_train import USER_DIR, option_origins, parse_fairseq_train
+from mtsa_fairseq.experiments.processes import find_executable
 from mtsa_fairseq.experiments.translation.train_config import (
     LAUNCHER_OPTIONS,
-    USER_DIR,
-    ConfigError,
     TrainConfig,
     check_averaging,
     fairseq_args,
     load_config,
-    option_origins,
-    parse_fairseq_train,
 )
 from mtsa_fairseq.experiments.translation.training_view import (
     DataSource,
-    LaunchError,
     TrainView,
     language_pair,
     resolve_data,
@@ -87,17 +84,6 @@ class Plan:
     runs: list[SeedRun]
     view: TrainView | None = None
     warnings: list[str] = field(default_factory=list)
-
-
-def find_executable(name: str) -> str:
-    """``name`` next to this interpreter (its virtual environment), else on PATH."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which(name)
-    if not found:
-        raise LaunchError(f"{name} not found (next to {sys.executable} or on PATH)")
-    return found
 
 
 def _world(config: TrainConfig, options: LaunchOptions, cpu: bool, dry_run: bool) -> tuple[int, int]:

@@ -34,11 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic
 from mtsa_fairseq.experiments.processes import run_logged
-from mtsa_fairseq.experiments.translation.train_config import USER_DIR
-
-BLEU_METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")
 
 _HYPOTHESIS = re.compile(r"^H-(\d+)\t")
 _COMPOUND = re.compile(r"(\S)-(\S)")

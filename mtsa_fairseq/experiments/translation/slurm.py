@@ -16,10 +16,10 @@ from typing import Any
 import submitit
 from submitit.core.utils import DelayedSubmission
 
+from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, run_logged
 from mtsa_fairseq.experiments.runs import checkpoint_updates, previous_run, record_finish, record_start, write_run
 from mtsa_fairseq.experiments.translation.plan import SLURM_SIGNAL_DELAY_S, Plan, SeedRun
-from mtsa_fairseq.experiments.translation.training_view import LaunchError
 
 
 class SeedJob(submitit.helpers.Checkpointable):

@@ -15,15 +15,9 @@ from typing import Any
 import numpy as np
 
 from mtsa_fairseq.contracts import MANIFEST_SCHEMA, read_json
-
-
-class LaunchError(ValueError):
-    """Bad launcher input; the message names the problem."""
-
+from mtsa_fairseq.experiments.errors import LaunchError
 
 _INDEX_MAGIC = b"MMIDIDX\x00\x00"
-
-
 
 
 @dataclass(frozen=True)

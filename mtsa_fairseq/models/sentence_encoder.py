@@ -33,7 +33,7 @@ from ..modules import (
     SentenceMTSA,
     StackedMTSA,
 )
-from ..modules.per_head import ACTIVATIONS, activation
+from ..modules.per_head import ACTIVATIONS, activation, glorot_
 from ..modules.word_embedding import OOV_INITS, WordEmbedding, read_vectors
 from .options import Option, apply_defaults
 
@@ -71,14 +71,6 @@ SENTENCE_OPTIONS = (
     Option("--classifier-highway", False, "a highway layer after the classifier's hidden layer (MTSA's SNLI model)"),
     Option("--classifier-no-output-bias", False, "no bias on the output layer (the SST models)"),
 )
-
-
-def _dense(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
-    layer = nn.Linear(in_features, out_features, bias=bias)
-    nn.init.xavier_uniform_(layer.weight)  # TF get_variable's default (Glorot uniform), biases 0
-    if bias:
-        nn.init.zeros_(layer.bias)
-    return layer
 
 
 class MTSASentenceEncoder(nn.Module):
@@ -128,7 +120,7 @@ class Highway(nn.Module):
 
     def __init__(self, dim: int, activation_name: str, dropout: float):
         super().__init__()
-        self.transform, self.gate = _dense(dim, dim), _dense(dim, dim)
+        self.transform, self.gate = glorot_(nn.Linear(dim, dim)), glorot_(nn.Linear(dim, dim))
         self.act, self.dropout = activation(activation_name), dropout
 
     def forward(self, x: Tensor) -> Tensor:
@@ -143,7 +135,8 @@ class ClassifierHead(nn.Module):
     def __init__(self, input_dim: int, hidden_dim: int, num_outputs: int, activation_name: str, dropout: float,
                  highway: bool, output_bias: bool):
         super().__init__()
-        self.hidden, self.out = _dense(input_dim, hidden_dim), _dense(hidden_dim, num_outputs, output_bias)
+        self.hidden = glorot_(nn.Linear(input_dim, hidden_dim))
+        self.out = glorot_(nn.Linear(hidden_dim, num_outputs, bias=output_bias))
         self.highway = Highway(hidden_dim, activation_name, dropout) if highway else None
         self.act, self.dropout = activation(activation_name), dropout
 

@@ -25,12 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .mtsa_core import positional_mask
-from .per_head import activation
+from .mtsa_core import CHUNK_ELEMENTS, positional_mask
+from .per_head import activation, glorot_
 
 DISA_DIRECTIONS = ("forward", "backward", None)
-# Upper bound on the elements of one query chunk's [B, chunk, L, d] score tensor.
-CHUNK_ELEMENTS = 1 << 24
 SCALE = 5.0  # the authors' scaled_tanh constant c
 
 
@@ -151,9 +149,7 @@ class DiSABlock(nn.Module):
         self.gate_s = nn.Linear(dim, dim)
         self.o_bias = nn.Parameter(torch.zeros(dim))
         for layer in (self.fc_h, self.w_dep, self.w_head, self.gate_h, self.gate_s):
-            nn.init.xavier_uniform_(layer.weight)
-            if layer.bias is not None:
-                nn.init.zeros_(layer.bias)
+            glorot_(layer)
 
     def _drop(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.dropout, self.training)
@@ -178,8 +174,7 @@ class MultiDimSource2Token(nn.Module):
         self.act, self.dropout = activation(activation_name), dropout
         self.fc1, self.fc2 = nn.Linear(dim, dim), nn.Linear(dim, dim)
         for layer in (self.fc1, self.fc2):
-            nn.init.xavier_uniform_(layer.weight)
-            nn.init.zeros_(layer.bias)
+            glorot_(layer)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         drop = lambda t: F.dropout(t, self.dropout, self.training)  # noqa: E731

@@ -71,7 +71,8 @@ KERNELS = ("auto", "sdpa", "dense", "flex", "triton")
 S2T_ACTIVATIONS = (None, "exp", "sigmoid")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FLEX_MIN_WIDTH = 16  # the smallest q/k/v head width compiled FlexAttention takes
-# Upper bound on the elements of one query chunk's [B, H, chunk, L] mask / score tensor.
+# Upper bound on the elements of one query chunk's mask / score tensor ([B, H, chunk, L] here, DiSA's
+# [B, chunk, L, d] in disan.py).
 CHUNK_ELEMENTS = 1 << 24
 
 

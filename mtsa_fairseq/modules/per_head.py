@@ -1,4 +1,5 @@
-"""Per-head dense layers and the activation table shared by the MTSA attention modules."""
+"""Dense layers (TF's Glorot-uniform initialisation, and one layer per head) and the activation table shared by
+the MTSA attention modules."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ def activation(name: str) -> Callable[[Tensor], Tensor]:
     if name not in ACTIVATIONS:
         raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
     return ACTIVATIONS[name]
+
+
+def glorot_(layer: nn.Linear) -> nn.Linear:
+    """Initialise ``layer`` in place as TF's ``get_variable`` default does a dense layer: Glorot-uniform weight,
+    zero bias; returns it."""
+    nn.init.xavier_uniform_(layer.weight)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
 
 
 class PerHeadLinear(nn.Module):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .mtsa_core import TOKEN2TOKEN, head_directions, mtsa_core
-from .per_head import PerHeadLinear, activation
+from .per_head import PerHeadLinear, activation, glorot_
 
 
 class SentenceMTSA(nn.Module):
@@ -84,10 +84,7 @@ class SentenceMTSA(nn.Module):
         self.s2t_hidden = PerHeadLinear(h, src_dim, d) if s2t_hidden_layer else None
         self.s2t = PerHeadLinear(h, d if s2t_hidden_layer else src_dim, d)
         self.gate = PerHeadLinear(h, 2 * d, d) if use_fusion_gate else None
-        self.out_layer = nn.Linear(hidden_dim, output_dim) if output_dim is not None else None
-        if self.out_layer is not None:
-            nn.init.xavier_uniform_(self.out_layer.weight)
-            nn.init.zeros_(self.out_layer.bias)
+        self.out_layer = glorot_(nn.Linear(hidden_dim, output_dim)) if output_dim is not None else None
 
     def _dense(self, layer: nn.Module, x: Tensor) -> Tensor:
         return layer(F.dropout(x, self.dense_dropout, self.training))

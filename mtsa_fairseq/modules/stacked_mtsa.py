@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .disan import MultiDimSource2Token
+from .per_head import glorot_
 from .sentence_mtsa import SentenceMTSA
 
 LAYER_NORM_EPS = 1e-6  # reference §2.5
@@ -30,9 +31,7 @@ class StackedMTSALayer(nn.Module):
                  activation_name: str = "relu", token2token: str = "exp"):
         super().__init__()
         self.dropout, self.dense_dropout = dropout, dense_dropout
-        self.ffn = nn.Linear(hidden_dim, hidden_dim)
-        nn.init.xavier_uniform_(self.ffn.weight)
-        nn.init.zeros_(self.ffn.bias)
+        self.ffn = glorot_(nn.Linear(hidden_dim, hidden_dim))
         self.ffn_norm = nn.LayerNorm(hidden_dim, eps=LAYER_NORM_EPS)
         self.attn = SentenceMTSA(
             hidden_dim, hidden_dim, num_heads=num_heads, attn_dropout=attn_dropout, dense_dropout=dense_dropout,

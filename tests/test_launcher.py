@@ -398,7 +398,7 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
     (LaunchOptions(extra_args=("--seed", "3")), "--seed is set by the launcher"),
     (LaunchOptions(extra_args=("--max-tokenz", "3")), "'--max-tokenz' is not a fairseq-train option"),
     (LaunchOptions(launcher="torchrun", nnodes=2, cpu=True), "needs --master-addr"),
-    (LaunchOptions(launcher="slurm", cpu=True), "--launcher slurm trains on GPUs"),
+    (LaunchOptions(launcher="slurm", cpu=True, nnodes=2), "--launcher slurm --cpu runs one task on one node"),
     (LaunchOptions(node_rank=1), "outside 0..0"),
     (LaunchOptions(average_last=5), "'keep-interval-updates' >= 5"),
     (LaunchOptions(slurm_partition="gpu"), "--slurm-* options are for --launcher slurm"),

@@ -209,6 +209,11 @@ def stop_children() -> None:
         stop_group(proc)
 
 
+def to_stderr(line: str) -> None:
+    """Print ``line`` to stderr at once (progress lines, beside a child's output on stdout)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 PROGRESS_PREFIX = "[progress] "
 _METER = "{n_fmt}/{total_fmt} updates ({percentage:.0f}%), {elapsed} elapsed, ETA {remaining}"
 _NUM_UPDATES = re.compile(r"num_updates[= ](\d+)")

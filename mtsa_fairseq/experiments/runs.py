@@ -191,11 +191,12 @@ def record_start(run_dir: Path, **fields: Any) -> dict[str, Any]:
     return record
 
 
-def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print,
-                  output: str = "") -> dict[str, Any]:
-    """Fill run.json after a session begun by :func:`record_start`; peak memory is not measurable there."""
+def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print, output: str = "",
+                  peak_rss_mb: float | None = None) -> dict[str, Any]:
+    """Fill run.json after a session begun by :func:`record_start`."""
     record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
     started = record.get("started_at")
-    return finish_run(run_dir, returncode, time.time() - started if started else 0.0, None, log, output)
+    peak = None if peak_rss_mb is None else round(peak_rss_mb, 1)
+    return finish_run(run_dir, returncode, time.time() - started if started else 0.0, peak, log, output)

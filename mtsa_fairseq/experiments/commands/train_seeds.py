@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="local: one fairseq-train per seed, in turn; torchrun: torchrun per seed; "
                              "slurm: submit one Slurm job per seed through submitit, requeued (and resumed) after a "
-                             "timeout or a preemption (default: local)")
+                             "timeout or a preemption; a rerun asks Slurm about the jobs that run.json says are "
+                             "queued or running, and resubmits the ones that ended (default: local)")
     parser.add_argument("--nproc-per-node", type=int,
                         help="processes (GPUs) per node (default: the config's hardware.gpus_per_node; 1 on CPU)")
     parser.add_argument("--nnodes", type=int, help="nodes (default: the config's hardware.nodes; 1 on CPU)")
@@ -45,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-addr", help="address of the rank-0 node for multi-node torchrun")
     parser.add_argument("--master-port", type=int, default=29500,
                         help="rendezvous port for torchrun; for slurm the port is this + seed (default: 29500)")
-    parser.add_argument("--cpu", action="store_true", help="train on CPU (adds --cpu to fairseq-train)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="train on CPU (adds --cpu to fairseq-train); with --launcher slurm, one task on a CPU "
+                             "node, no GPU requested")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS/MKL_NUM_THREADS for the training processes")
     parser.add_argument("--average-last", type=int,
                         help="average the last N checkpoints saved every --save-interval-updates after "

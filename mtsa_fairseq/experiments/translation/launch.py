@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.experiments.errors import LaunchError
-from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged
+from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
 from mtsa_fairseq.experiments.runs import (
     finish_run,
     is_done,
@@ -74,14 +74,24 @@ def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = pri
 
 
 def _submit(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Callable[[str], None]) -> int:
-    """Submit one seed's Slurm job unless run.json says one is queued or running."""
+    """Submit one seed's Slurm job unless Slurm still has one for it (run.json's word is checked with Slurm)."""
+    history = list((previous or {}).get("slurm_history", []))
     if previous and previous.get("status") in ("running", "submitted", "requeued"):
-        log(f"seed {run.seed}: run.json says {previous['status']} (job {previous.get('slurm_job', '?')}); "
-            "not resubmitted: wait for the job, or cancel it and set its status to failed")
-        return 0
+        try:
+            job_id, state = _slurm_job(plan_, run, previous)
+        except LaunchError as err:
+            log(f"seed {run.seed}: run.json says {previous['status']}, and {err}; not resubmitted")
+            return 1
+        if state in slurm.LIVE_STATES:
+            log(f"seed {run.seed}: Slurm job {job_id} is {state}; not resubmitted")
+            return 0
+        ended = f"ended {state}" if state else "is unknown to Slurm"
+        log(f"seed {run.seed}: run.json says {previous['status']}, but Slurm job {job_id or '(no id)'} {ended}; "
+            "resubmitting")
+        history.append({"slurm_job": job_id, "state": state or "UNKNOWN", "status": previous["status"]})
     run.run_dir.mkdir(parents=True, exist_ok=True)
     record = {**run.record, "status": "submitted", "wall_seconds": (previous or {}).get("wall_seconds", 0.0),
-              "peak_rss_mb": (previous or {}).get("peak_rss_mb")}
+              "peak_rss_mb": (previous or {}).get("peak_rss_mb"), **({"slurm_history": history} if history else {})}
     write_run(run.run_dir, record)  # before submitting: the job's own "running" must not be overwritten
     try:
         job = slurm.submit(plan_, run)
@@ -89,12 +99,21 @@ def _submit(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Cal
         write_run(run.run_dir, {**record, "status": "failed", "error": f"submission: {err}"})
         log(f"seed {run.seed}: submission failed: {str(err).strip().splitlines()[-1]}")
         return 1
+    current = previous_run(run.run_dir)
+    if current is not None and current.get("status") == "submitted":  # else the job runs and recorded its id
+        write_run(run.run_dir, {**current, "slurm_job": job.job_id})
     log(f"seed {run.seed}: submitted Slurm job {job.job_id} (logs in {run.run_dir / 'slurm'})")
     return 0
 
 
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+def _slurm_job(plan_: Plan, run: SeedRun, previous: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The job a queued or running record stands for and Slurm's state of it (None: Slurm does not know it). A
+    record without a job id (a submission cut short) is looked up by job name among this user's jobs."""
+    job_id = previous.get("slurm_job")
+    if job_id:
+        return str(job_id), slurm.job_state(str(job_id))
+    live = slurm.live_jobs(slurm.job_name(plan_, run))
+    return live[0] if live else (None, None)
 
 
 def _lock_run(run_dir: Path, name: str = ".lock") -> RunLock:
@@ -129,7 +148,7 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
     start = time.monotonic()
     try:
         progress = UpdateProgress(f"{plan_.config.name} seed {run.seed}", record["max_update"], resumed_from,
-                                  write=_to_stderr)
+                                  write=to_stderr)
         returncode, peak_mb, output = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock,
                                                  on_line=progress)
     except BaseException:

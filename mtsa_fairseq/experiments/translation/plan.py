@@ -105,8 +105,9 @@ def _world(config: TrainConfig, options: LaunchOptions, cpu: bool, dry_run: bool
             raise LaunchError("--master-addr/--node-rank are for --launcher torchrun")
     if options.launcher == "torchrun" and nnodes > 1 and not options.master_addr:
         raise LaunchError(f"--launcher torchrun with {nnodes} nodes needs --master-addr (the rank-0 node)")
-    if options.launcher == "slurm" and cpu:
-        raise LaunchError("--launcher slurm trains on GPUs (one task per GPU); drop --cpu or use a GPU config")
+    if options.launcher == "slurm" and cpu and nnodes * nproc > 1:
+        raise LaunchError(f"--launcher slurm --cpu runs one task on one node, not {nnodes} node(s) x {nproc}; use "
+                          "GPU nodes, or --launcher torchrun for several CPU processes")
     if options.launcher == "slurm" and (options.master_addr or options.node_rank):
         raise LaunchError("--master-addr/--node-rank are for --launcher torchrun; Slurm assigns nodes itself")
     if not cpu and options.launcher in ("local", "torchrun") and not dry_run:
@@ -280,6 +281,8 @@ def _launched(command: list[str], options: LaunchOptions, cpu: bool, nnodes: int
         prefix += ["--master_port", str(options.master_port)]
         # on GPUs fairseq reads torchrun's RANK/WORLD_SIZE/MASTER_* itself (env:// init, GPU = rank % GPUs)
         return [*prefix, *command, "--distributed-world-size", str(world), *(TORCHRUN_CPU_ARGS if cpu else ())]
+    if cpu:  # slurm on a CPU node: one task, fairseq-train as it runs locally
+        return command
     # slurm: one task per GPU, fairseq reads SLURM_* and initialises on the first node at this port
     return command + ["--distributed-world-size", str(world), "--distributed-port", str(options.master_port + seed)]
 

@@ -1,66 +1,93 @@
-"""Slurm jobs through submitit: one job per seed, one task per GPU, requeued on a timeout or a preemption.
+"""Slurm jobs through submitit: one job per seed, one task per GPU (one per node on CPU), requeued on a timeout
+or a preemption.
 
 Every task of the job runs the seed's ``fairseq-train`` command (fairseq reads ``SLURM_*`` and initialises
 on the first node at ``--distributed-port``). Task 0 also holds the run directory's lock, appends fairseq's
-output to ``train.log`` and keeps ``run.json``. When Slurm signals a timeout or a preemption, submitit calls
+output to ``train.log``, prints ``[progress]`` lines to the job's log and keeps ``run.json``. When Slurm
+signals a timeout or a preemption ahead of time (submitit's ``USR2``), submitit calls
 :meth:`SeedJob.checkpoint` and requeues the same job: the same command then resumes from
-``checkpoint_last.pt``, as rerunning ``mtsa-train-seeds`` does.
+``checkpoint_last.pt``, as rerunning ``mtsa-train-seeds`` does. ``scontrol requeue``, a preemption without
+that warning, and ``scancel`` end fairseq with SIGTERM instead: the run is recorded ``requeued``, and the
+launcher asks Slurm (:func:`job_state`) what became of the job before it trusts that record.
 """
 
 from __future__ import annotations
 
+import getpass
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import DelayedSubmission
+from submitit.core.utils import DelayedSubmission, UncompletedJobError
 
 from mtsa_fairseq.experiments.errors import LaunchError
-from mtsa_fairseq.experiments.processes import RunLock, run_logged
+from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
 from mtsa_fairseq.experiments.runs import checkpoint_updates, previous_run, record_finish, record_start, write_run
 from mtsa_fairseq.experiments.translation.plan import SLURM_SIGNAL_DELAY_S, Plan, SeedRun
+
+# Slurm job states (squeue(1), "JOB STATE CODES") in which the job may still run: a launcher must not submit
+# the seed again. Every other state (COMPLETED, CANCELLED, FAILED, TIMEOUT, PREEMPTED, NODE_FAIL, ...) is final.
+LIVE_STATES = frozenset({
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
+    "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "SUSPENDED", "RESV_DEL_HOLD",
+})
+_QUERY_TIMEOUT_S = 60
 
 
 class SeedJob(submitit.helpers.Checkpointable):
     """The job of one seed (picklable: submitit runs it on the allocated nodes)."""
 
-    def __init__(self, run_dir: Path, command: list[str], env: dict[str, str], max_update: int):
+    def __init__(self, run_dir: Path, command: list[str], env: dict[str, str], max_update: int, label: str):
         self.run_dir, self.command, self.env, self.max_update = Path(run_dir), command, env, max_update
+        self.label = label
 
     def __call__(self) -> int:
         """Train (task 0 under the run's lock, recording run.json); returns fairseq's exit status (0)."""
-        job, output = submitit.JobEnvironment(), ""
+        job, output, peak_mb = submitit.JobEnvironment(), "", None
         if (checkpoint_updates(self.run_dir / "checkpoint_last.pt") or 0) >= self.max_update:
             returncode = 0  # finished before a requeue: every task sees the same checkpoint and skips fairseq
         elif job.global_rank != 0:
             returncode = run_logged(self.command, None, self.env)[0]
         else:
             with RunLock(self.run_dir / ".lock", f"run {self.run_dir}").acquire(LaunchError) as lock:
-                returncode, output = self._train(lock, job.job_id)
-        if job.global_rank == 0:
-            record = record_finish(self.run_dir, returncode, output=output)
-            if record["status"] != "done":
-                raise LaunchError(f"{self.run_dir}: {record['error']}")
-        elif returncode != 0:
-            raise LaunchError(f"{self.run_dir}: fairseq-train exited with {returncode}")
+                returncode, peak_mb, output = self._train(lock, job.job_id)
+        if job.global_rank != 0:
+            if returncode != 0:
+                raise LaunchError(f"{self.run_dir}: fairseq-train exited with {returncode}")
+            return returncode
+        if returncode == -signal.SIGTERM:  # Slurm ends the job's processes: requeue, preemption or scancel
+            self._close_session("requeued", peak_mb)
+            raise LaunchError(f"{self.run_dir}: fairseq-train was stopped by SIGTERM (a requeue, a preemption or a "
+                              "cancellation); run.json says requeued until the launcher asks Slurm")
+        record = record_finish(self.run_dir, returncode, output=output, peak_rss_mb=peak_mb)
+        if record["status"] != "done":
+            raise LaunchError(f"{self.run_dir}: {record['error']}")
         return returncode
 
-    def _train(self, lock: RunLock, job_id: str) -> tuple[int, str]:
-        record_start(self.run_dir, slurm_job=job_id)
+    def _train(self, lock: RunLock, job_id: str) -> tuple[int, float, str]:
+        record = record_start(self.run_dir, slurm_job=job_id)
+        progress = UpdateProgress(self.label, self.max_update, record["resumed_from_updates"], write=to_stderr)
         try:
-            returncode, _, output = run_logged(self.command, self.run_dir / "train.log", self.env, lock)
-            return returncode, output
-        except BaseException:  # a requeue (SystemExit from submitit's signal handler), scancel, Ctrl-C
+            return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress)
+        except UncompletedJobError as err:  # submitit's signal handler: out of requeues (--slurm-requeues)
+            self._close_session("failed", error=f"Slurm job {job_id}: {err}")
+            raise
+        except BaseException:  # a requeue (SystemExit from submitit's signal handler), Ctrl-C
             if (previous_run(self.run_dir) or {}).get("status") == "running":
                 self._close_session("interrupted")
             raise
 
-    def _close_session(self, status: str) -> None:
-        """Set run.json's status and add this session's time to its wall_seconds."""
+    def _close_session(self, status: str, peak_mb: float | None = None, **fields: Any) -> None:
+        """Set run.json's status (and ``fields``) and add this session's time to its wall_seconds (and its peak
+        memory)."""
         record = previous_run(self.run_dir)
         if record is not None:
-            record["status"] = status
+            record.update(status=status, **fields)
+            if peak_mb is not None:
+                record["peak_rss_mb"] = round(max(peak_mb, record.get("peak_rss_mb") or 0.0), 1)
             started = record.pop("started_at", None)
             if started:
                 record["wall_seconds"] = round(record.get("wall_seconds", 0.0) + time.time() - started, 3)
@@ -72,12 +99,17 @@ class SeedJob(submitit.helpers.Checkpointable):
         return super().checkpoint(*args, **kwargs)
 
 
+def job_name(plan_: Plan, run: SeedRun) -> str:
+    """The Slurm job name of one seed (``<config>.seed<k>``)."""
+    return f"{plan_.config.name}.seed{run.seed}"
+
+
 def job_parameters(plan_: Plan, run: SeedRun) -> dict[str, Any]:
     """submitit's ``update_parameters`` for one seed: the world size, threads, time limit and Slurm options
     (the number of requeues after a timeout is the executor's, ``--slurm-requeues``)."""
     options = plan_.options
     parameters: dict[str, Any] = {
-        "name": f"{plan_.config.name}.seed{run.seed}", "nodes": plan_.nnodes,
+        "name": job_name(plan_, run), "nodes": plan_.nnodes,
         "tasks_per_node": plan_.nproc_per_node, "gpus_per_node": 0 if plan_.cpu else plan_.nproc_per_node,
         "timeout_min": options.slurm_time, "slurm_signal_delay_s": SLURM_SIGNAL_DELAY_S,
     }
@@ -96,4 +128,43 @@ def submit(plan_: Plan, run: SeedRun, cluster: str = "slurm") -> submitit.Job:
     executor = submitit.AutoExecutor(folder=run.run_dir / "slurm", cluster=cluster,
                                      slurm_max_num_timeout=requeues, local_max_num_timeout=requeues)
     executor.update_parameters(**job_parameters(plan_, run))
-    return executor.submit(SeedJob(run.run_dir, run.command, plan_.env, run.record["max_update"]))
+    label = f"{plan_.config.name} seed {run.seed}"
+    return executor.submit(SeedJob(run.run_dir, run.command, plan_.env, run.record["max_update"], label))
+
+
+def _query(command: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=_QUERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise LaunchError(f"could not ask Slurm ({command[0]}): {err}") from None
+
+
+def job_state(job_id: str) -> str | None:
+    """What Slurm says of job ``job_id``: its state (``PENDING``, ``RUNNING``, ``CANCELLED``, ...), or None when
+    neither the controller (``scontrol``, which keeps finished jobs for ``MinJobAge``) nor the accounting
+    database (``sacct``, where the cluster has one) knows it. A controller that does not answer is a
+    :class:`LaunchError`: then nothing can be decided."""
+    proc = _query(["scontrol", "--oneliner", "show", "job", str(job_id)])
+    if proc.returncode == 0:
+        for field in proc.stdout.split():
+            if field.startswith("JobState="):
+                return field.split("=", 1)[1]
+    elif "Invalid job id" not in proc.stderr:
+        raise LaunchError(f"could not ask Slurm about job {job_id}: {_last_line(proc)}")
+    accounted = _query(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", str(job_id),
+                        "--format", "State"])
+    lines = accounted.stdout.splitlines() if accounted.returncode == 0 else []
+    return lines[-1].split()[0] if lines and lines[-1].strip() else None  # "CANCELLED by 0": its first word
+
+
+def live_jobs(name: str) -> list[tuple[str, str]]:
+    """This user's queued or running jobs called ``name``, as (job id, state), from ``squeue``."""
+    proc = _query(["squeue", "--noheader", "--user", getpass.getuser(), "--name", name, "--format", "%i %T"])
+    if proc.returncode != 0:
+        raise LaunchError(f"could not ask Slurm about jobs named {name}: {_last_line(proc)}")
+    return [(job, state) for job, state in (line.split() for line in proc.stdout.splitlines() if line.strip())]
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"

@@ -122,3 +122,22 @@ def test_probe_curves_and_averaged_checkpoint(tmp_path):
     assert averaged.name == "checkpoint_avg5.pt"
     state = load_checkpoint(averaged)
     assert state["model"]["w"].tolist() == [5.0, 5.0] and state["optimizer_history"][-1]["num_updates"] == 700
+
+
+def test_curves_only_reads_the_logs_as_they_stand(tmp_path):
+    _fake_study(tmp_path)
+    command = [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--seeds", "1", "2", "--curves-only"]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "MTSA seed 2: last validation at update 600, gain of the last quarter 10.0 BLEU: not yet on a plateau" \
+        in proc.stdout
+    interim = json.loads((tmp_path / "curves-interim.json").read_text())
+    assert interim["runs"]["Transformer seed 1"]["curve"][-1] == {"update": 600, "loss": 3.0, "bleu": 31.0}
+    assert (tmp_path / "curves-interim.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "curves.json").exists()  # the probe's own output is left to the probe
+    proc = subprocess.run([*command[:-3], "3", "--curves-only"], capture_output=True, text=True)
+    assert proc.returncode == 1 and "error: no training log" in proc.stderr
+    proc = subprocess.run([*command, "--train-only"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--curves-only trains nothing" in proc.stderr
+    proc = subprocess.run(command[:-1], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--multi30k is required" in proc.stderr

@@ -19,7 +19,12 @@ The learning-curve probe that fixes the budget on validation data, before any te
       --max-update 20000 --train-only
 
 writes OUT/curves.json and OUT/curves.png with the plateau rule's verdict per run (the best validation BLEU
-after 3/4 of the updates gains less than 0.3 over the best before).
+after 3/4 of the updates gains less than 0.3 over the best before). While it trains (it takes hours), the
+curves so far, from the runs' logs, without training anything:
+
+  python scripts/multi30k_study.py --out multi30k-probe --seeds 1 --curves-only
+
+writes OUT/curves-interim.json and OUT/curves-interim.png and prints each run's verdict.
 
 Rerunning the same command skips finished runs (keyed by config and seed) and existing scores, continues an
 interrupted run from its checkpoint_last.pt and rewrites the reports.
@@ -42,7 +47,7 @@ from mtsa_fairseq.experiments.checkpoint_average import (
     save_checkpoint,
 )
 from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
-from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.processes import LockBusy, RunLock, run_command
 from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, run_curve
 
 CONFIGS = {"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml", "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"}
@@ -136,12 +141,36 @@ def run_curves(out: Path, seeds: list[int]) -> dict[str, dict]:
     return runs
 
 
-def write_curves(out: Path, seeds: list[int], title: str) -> dict[str, dict]:
-    """OUT/curves.json and OUT/curves.png from the runs' logs; returns the curves."""
+def write_curves(out: Path, seeds: list[int], title: str, stem: str = "curves") -> dict[str, dict]:
+    """OUT/<stem>.json and OUT/<stem>.png from the runs' logs; returns the curves."""
     runs = run_curves(out, seeds)
-    write_json(out / "curves.json", {"schema": STUDY_SCHEMA, "runs": runs})
-    plot_curves({label: run["curve"] for label, run in runs.items()}, out / "curves.png", title)
+    write_json(out / f"{stem}.json", {"schema": STUDY_SCHEMA, "runs": runs})
+    plot_curves({label: run["curve"] for label, run in runs.items()}, out / f"{stem}.png", title)
     return runs
+
+
+def print_verdicts(runs: dict[str, dict]) -> None:
+    """One line per run: its last validation and the plateau rule's verdict."""
+    for label, run in runs.items():
+        verdict = run["plateau"]
+        print(f"{label}: last validation at update {verdict['last_update']}, gain of the last quarter "
+              f"{verdict['gain']} BLEU: {'plateau' if verdict['plateaued'] else 'not yet on a plateau'}")
+
+
+def interim_curves(out: Path, seeds: list[int]) -> None:
+    """``--curves-only``: OUT/curves-interim.{json,png} from the logs as they stand (the runs may be training)."""
+    logs = [out / "runs" / config.stem / f"seed{seed}" / "train.log" for config in CONFIGS.values() for seed in seeds]
+    missing = [str(log) for log in logs if not log.is_file()]
+    if missing:
+        sys.exit(f"error: no training log {missing[0]} (start the study or the probe first)")
+    try:
+        lock = RunLock(out / ".curves-interim.lock", f"output {out / 'curves-interim.json'}", "curves").acquire()
+    except LockBusy as err:
+        sys.exit(f"error: {err}")
+    with lock:
+        runs = write_curves(out, seeds, "Multi30k: validation curves so far", stem="curves-interim")
+    print_verdicts(runs)
+    print(f"curves so far: {out / 'curves-interim.json'}, {out / 'curves-interim.png'}")
 
 
 def study_report(out: Path, seeds: list[int]) -> dict:
@@ -185,9 +214,10 @@ def study_report(out: Path, seeds: list[int]) -> dict:
 
 def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--multi30k", type=Path, required=True,
+    parser.add_argument("--multi30k", type=Path,
                         help="directory with the Multi30k task 1 files {train,val,test_2016_flickr,"
-                             "test_2017_flickr}.{en,de}[.gz] (github.com/multi30k/dataset, data/task1/raw)")
+                             "test_2017_flickr}.{en,de}[.gz] (github.com/multi30k/dataset, data/task1/raw); "
+                             "required except with --curves-only")
     parser.add_argument("--out", type=Path, default=Path("multi30k-study"),
                         help="output directory (default: multi30k-study in the current directory)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per system (default: 1 2 3)")
@@ -199,9 +229,19 @@ def _main() -> None:
                         help="train, then stop: no test set is scored (the learning-curve probe that fixes the "
                              "budget: python scripts/multi30k_study.py --seeds 1 --max-update 20000 --train-only "
                              "--out multi30k-probe)")
+    parser.add_argument("--curves-only", action="store_true",
+                        help="train and score nothing: write OUT/curves-interim.json and .png from the runs' logs "
+                             "as they stand and print each run's plateau verdict (safe while the runs train)")
     args = parser.parse_args()
     if args.max_update is not None and args.max_update < 1:
         parser.error("--max-update must be positive")
+    if args.curves_only:
+        if args.max_update is not None or args.train_only:
+            parser.error("--curves-only trains nothing: drop --max-update and --train-only")
+        interim_curves(args.out.resolve(), args.seeds)
+        return
+    if args.multi30k is None:
+        parser.error("--multi30k is required (the Multi30k task 1 directory)")
     if not args.multi30k.is_dir():
         parser.error(f"--multi30k {args.multi30k} is not a directory")
     files = raw_files(args.multi30k)
@@ -220,11 +260,7 @@ def _main() -> None:
         sys.exit("error: the pipeline failed (its logs are in --out)")
     out = args.out.resolve()
     if args.train_only:
-        runs = write_curves(out, args.seeds, "Multi30k probe: validation curves")
-        for label, run in runs.items():
-            verdict = run["plateau"]
-            print(f"{label}: last validation at update {verdict['last_update']}, gain of the last quarter "
-                  f"{verdict['gain']} BLEU: {'plateau' if verdict['plateaued'] else 'not yet on a plateau'}")
+        print_verdicts(write_curves(out, args.seeds, "Multi30k probe: validation curves"))
         print(f"curves: {out / 'curves.json'}, {out / 'curves.png'}")
         return
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtsa_fairseq.experiments.commands import docs_tables
-from mtsa_fairseq.experiments.sentence.experiment import runs_table
+from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results-sentence.md"
@@ -66,6 +66,8 @@ def test_check_names_a_stale_table_and_a_rewrite_fixes_it(tmp_path, monkeypatch,
     ("<!-- table r.json nonsense -->\n<!-- /table -->\n", "unknown table kind 'nonsense'"),
     ("<!-- table missing.json runs -->\n<!-- /table -->\n", "cannot render runs of"),
     ("<!-- table r.json runs archs=a -->\n<!-- /table -->\n", "archs= selects the architectures of a folds table"),
+    ("<!-- table r.json anchor label=CNN -->\n<!-- /table -->\n", "an anchor table needs value=NUMBER and label=NAME"),
+    ("<!-- table r.json anchor value=x label=CNN -->\n<!-- /table -->\n", "needs value=NUMBER"),
 ])
 def test_a_broken_marker_is_one_line_naming_the_place(tmp_path, monkeypatch, capsys, marker, message):
     (tmp_path / "r.json").write_text(json.dumps(_report(300)))
@@ -75,3 +77,24 @@ def test_a_broken_marker_is_one_line_naming_the_place(tmp_path, monkeypatch, cap
     code = _run(monkeypatch, str(doc))
     assert code != 0 and f"{doc}:2: " in str(code) and message in str(code)
     assert doc.read_text() == before
+
+
+def test_anchor_table_is_a_one_sample_t_test_of_each_number():
+    from scipy import stats
+
+    report = {"metric": "accuracy", "archs": {"a": {"values": [80.0, 82.0, 84.0]}, "b": {"values": [70.0]}}}
+    rows = anchor_table(report, {"a": "A"}, value=79.8, label="CNN-rand")
+    expected = stats.ttest_1samp([80.0, 82.0, 84.0], 79.8)
+    assert rows[0].startswith("| architecture | number | n | mean ± sd | CNN-rand | mean − CNN-rand |")
+    assert rows[2] == (f"| A | per seed | 3 | 82.00 ± 2.00 | 79.80 | +2.20 | {expected.statistic:.2f} | "
+                       f"{expected.pvalue:.3f} | {expected.pvalue / 2:.3f} |")
+    assert rows[3] == "| b | per seed | 1 | 70.00 | 79.80 | -9.80 | — | — | — |"  # one value: no test
+
+
+def test_anchor_table_of_a_cross_validation_uses_the_folds_chosen_numbers():
+    report = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    rows = {tuple(cell.strip() for cell in row.split("|")[1:3]): row for row in anchor_table(report, value=79.8,
+                                                                                              label="CNN-rand")}
+    chosen = report["cross_validation"]["archs"]["mtsa_encoder"]["chosen"]
+    assert f"| 10 | {chosen['mean']:.2f} ± {chosen['std']:.2f} |" in rows[("mtsa_encoder", "chosen on the other folds")]
+    assert rows[("mtsa_encoder", "chosen on the other folds")].endswith("| 0.119 | 0.060 |")

@@ -6,7 +6,8 @@ document), with architecture OLD shown as NEW (``archs=A,B`` keeps only those ar
 table). Kinds: summary (per architecture: the metric per seed, mean ± sd, Welch's t-test), cv
 (cross-validation: best, chosen, last and the paired tests), runs (per run: the tested checkpoint as the
 run recorded it, its dev metric, the last validation), folds (per fold: best, chosen and last of every
-architecture).
+architecture), anchor (``value=NUMBER label=NAME``: one-sample t-tests of every architecture's numbers, per seed
+or per fold, against a published figure).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs
@@ -53,9 +54,15 @@ def render(document: Path) -> tuple[str, list[str]]:
             raise TableError(f"{where}: unknown table kind {kind!r} (one of {', '.join(TABLES)})")
         if archs is not None and kind != "folds":
             raise TableError(f"{where}: archs= selects the architectures of a folds table only")
+        options: dict = {} if archs is None else {"archs": archs.split(",")}
+        if kind == "anchor":
+            try:
+                options.update(value=float(names.pop("value")), label=names.pop("label"))
+            except (KeyError, ValueError):
+                raise TableError(f"{where}: an anchor table needs value=NUMBER and label=NAME") from None
         try:
             report = json.loads(report_path.read_text(encoding="utf-8"))
-            table = TABLES[kind](report, names, **({} if archs is None else {"archs": archs.split(",")}))
+            table = TABLES[kind](report, names, **options)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise TableError(f"{where}: cannot render {kind} of {report_path}: {err!r}") from None
         if lines[i:end] != table:

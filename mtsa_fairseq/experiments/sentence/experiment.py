@@ -456,39 +456,91 @@ def runs_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> 
     return lines
 
 
-def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
-                archs: list[str] | None = None) -> list[str]:
-    """One row per (seed, fold), per architecture (all, or ``archs``) its held-out metric: best (the tested
-    checkpoint's, with its update), chosen (with the update the other folds chose) and last."""
-    f, name = _fmt(summary["metric"]), names or {}
+def _runs_by_arch(summary: dict[str, Any], archs: list[str] | None = None) -> dict[str, dict[tuple[int, int], Any]]:
+    """The runs of each architecture (all, or ``archs``) keyed by (seed, fold), in the summary's order."""
     by_arch: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
     for run in summary["runs"]:
         if archs is None or run["arch"] in archs:
             by_arch.setdefault(run["arch"], {})[(run["seed"], run["fold"])] = run
     if archs is not None and set(archs) - set(by_arch):
         raise KeyError(f"no runs of {sorted(set(archs) - set(by_arch))}")
-    archs = [a for a in summary["archs"] if a in by_arch]
-    seeds = {seed for runs in by_arch.values() for seed, _ in runs}
+    return {arch: by_arch[arch] for arch in summary["archs"] if arch in by_arch}
+
+
+def held_out_numbers(summary: dict[str, Any], runs: dict[tuple[int, int], Any]) -> dict[tuple[int, int], dict]:
+    """Per (seed, fold) run of one architecture its three held-out numbers as ``(value, update)``: best (the
+    tested checkpoint's), chosen (at the update the other folds chose; None without other folds) and last."""
+    chosen = chosen_steps({key: _curve(run) for key, run in runs.items()})
+    numbers = {}
+    for key, run in runs.items():
+        curve, step = _curve(run), chosen.get(key)
+        numbers[key] = {"best": (run["metrics"][summary["metric"]], run["best_checkpoint_updates"]),
+                        "chosen": None if step is None else (curve[step], step),
+                        "last": (curve[max(curve)], max(curve))}
+    return numbers
+
+
+def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
+                archs: list[str] | None = None) -> list[str]:
+    """One row per (seed, fold), per architecture (all, or ``archs``) its held-out metric: best (the tested
+    checkpoint's, with its update), chosen (with the update the other folds chose) and last."""
+    f, name = _fmt(summary["metric"]), names or {}
+    numbers = {arch: held_out_numbers(summary, runs) for arch, runs in _runs_by_arch(summary, archs).items()}
+    seeds = {seed for runs in numbers.values() for seed, _ in runs}
     head = ["seed", "fold"] if len(seeds) > 1 else ["fold"]
-    for arch in archs:
+    for arch in numbers:
         head += [f"{name.get(arch, arch)}: best (update)", "chosen (update)", "last"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    chosen = {arch: chosen_steps({k: _curve(r) for k, r in by_arch[arch].items()}) for arch in archs}
-    for key in sorted(set().union(*(set(runs) for runs in by_arch.values()))):
+    for key in sorted(set().union(*(set(runs) for runs in numbers.values()))):
         cells = [str(key[0]), str(key[1])] if len(seeds) > 1 else [str(key[1])]
-        for arch in archs:
-            run = by_arch[arch].get(key)
+        for arch in numbers:
+            run = numbers[arch].get(key)
             if run is None:
                 cells += ["—"] * 3
                 continue
-            curve, step = _curve(run), chosen[arch].get(key)
-            cells += [f"{run['metrics'][summary['metric']]:{f}} ({run['best_checkpoint_updates']:,})",
-                      "—" if step is None else f"{curve[step]:{f}} ({step:,})", f"{curve[max(curve)]:{f}}"]
+            cells += [f"{run['best'][0]:{f}} ({run['best'][1]:,})",
+                      "—" if run["chosen"] is None else f"{run['chosen'][0]:{f}} ({run['chosen'][1]:,})",
+                      f"{run['last'][0]:{f}}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-TABLES = {"summary": summary_table, "cv": cross_validation_table, "runs": runs_table, "folds": folds_table}
+ANCHOR_KINDS = {"best": "best (test-selected)", "chosen": "chosen on the other folds", "last": "last"}
+
+
+def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, value: float = 0.0,
+                 label: str = "anchor") -> list[str]:
+    """One-sample t-tests of every architecture's numbers against a published figure ``value`` (``label``):
+    the per-seed metric of a fixed split, or per fold the three held-out numbers of a cross-validation."""
+    from scipy import stats
+
+    f, name = _fmt(summary["metric"]), names or {}
+    samples: list[tuple[str, str, list[float]]] = []
+    if "cross_validation" in summary:
+        for arch, runs in _runs_by_arch(summary).items():
+            numbers = held_out_numbers(summary, runs).values()
+            samples += [(arch, title, [n[kind][0] for n in numbers if n[kind] is not None])
+                        for kind, title in ANCHOR_KINDS.items()]
+    else:
+        samples = [(arch, "per seed", row["values"]) for arch, row in summary["archs"].items()]
+    lines = [f"| architecture | number | n | mean ± sd | {label} | mean − {label} | t | p (two-sided) | "
+             f"p (mean > {label}) |", "|---|---|---|---|---|---|---|---|---|"]
+    for arch, title, values in samples:
+        mean = float(np.mean(values))
+        sd = float(np.std(values, ddof=1)) if len(values) > 1 else None
+        cells = f"{mean:{f}}" + ("" if sd is None else f" ± {sd:{f}}") + f" | {value:{f}} | {mean - value:+{f}}"
+        if sd is None or sd == 0:
+            cells += " | — | — | —"  # one value, or no spread: no t-test
+        else:
+            test = stats.ttest_1samp(values, value)
+            greater = stats.ttest_1samp(values, value, alternative="greater").pvalue
+            cells += f" | {test.statistic:.2f} | {_p(test.pvalue)} | {_p(greater)}"
+        lines.append(f"| {name.get(arch, arch)} | {title} | {len(values)} | {cells} |")
+    return lines
+
+
+TABLES = {"summary": summary_table, "cv": cross_validation_table, "runs": runs_table, "folds": folds_table,
+          "anchor": anchor_table}
 
 
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Path) -> None:

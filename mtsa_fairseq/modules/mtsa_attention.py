@@ -13,7 +13,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .mtsa_core import KERNELS, head_directions, mtsa_core
+from .mtsa_core import KERNELS, head_directions, mtsa_core, mtsa_core_scripted
 from .per_head import PerHeadLinear, activation
 
 S2T_INPUTS = ("v", "k")
@@ -87,9 +87,9 @@ class MTSAMultiheadAttention(MultiheadAttention):
         self.s2t_activation = s2t_activation
         self.s2t_scale = 1.0 / math.sqrt(self.head_dim) if s2t_activation.startswith("scaled_") else 1.0
         self.s2t_hidden_activation = s2t_hidden_activation
-        self.s2t_hidden = None
+        self.s2t_hidden = self.s2t_hidden_fn = None
         if s2t_hidden_activation is not None:
-            activation(s2t_hidden_activation)
+            self.s2t_hidden_fn = activation(s2t_hidden_activation)
             self.s2t_hidden = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=0.0)
         self.s2t = PerHeadLinear(num_heads, self.head_dim, self.head_dim, bias_init=s2t_bias_init)
         self.kernel = kernel
@@ -99,7 +99,7 @@ class MTSAMultiheadAttention(MultiheadAttention):
         (reference §1.2 steps 3-4). ``E_S = sigmoid(S)`` or ``exp(S)``: ``mtsa_core`` takes the logits, so that
         it can use ``log E_S`` where ``E_S`` underflows."""
         if self.s2t_hidden is not None:
-            x = activation(self.s2t_hidden_activation)(self.s2t_hidden(x))
+            x = self.s2t_hidden_fn(self.s2t_hidden(x))
         return self.s2t(x, scale=self.s2t_scale)
 
     def forward(
@@ -120,7 +120,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
         MTSA's weights are feature-wise (``[B, H, L, L, d_v]``), so no ``[B, L, L]`` attention map is
         returned. Key padding masks the scores. A causal module takes the decoder's future mask as
         ``attn_mask`` (checked, then applied by the kernel itself) and ``incremental_state``: the new
-        positions attend to the cached ``k``, ``v`` and ``E_S`` plus themselves.
+        positions attend to the cached ``k``, ``v`` and ``E_S`` plus themselves. Under ``torch.jit.script``
+        the core is :func:`mtsa_core_scripted` (SDPA, whatever ``kernel`` says).
         """
         if key is not None and key is not query or value is not None and value is not key:
             raise ValueError("MTSAMultiheadAttention is a self-attention: pass query = key = value")
@@ -135,21 +136,28 @@ class MTSAMultiheadAttention(MultiheadAttention):
             _check_future_mask(attn_mask, length)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
-
-        def heads(x: Tensor) -> Tensor:
-            return x.view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
-
-        q, k, v = heads(self.q_proj(query)), heads(self.k_proj(query)), heads(self.v_proj(query))
+        q = self._split_heads(self.q_proj(query), length, batch)
+        k = self._split_heads(self.k_proj(query), length, batch)
+        v = self._split_heads(self.v_proj(query), length, batch)
         s2t = self.source2token(v if self.s2t_input == "v" else k)
         if incremental_state is not None:
             k, v, s2t, key_padding_mask = self._extend_cache(incremental_state, k, v, s2t, key_padding_mask)
-        out = mtsa_core(
-            q, k, v, s2t, key_padding_mask=key_padding_mask, direction=self.direction, include_self=True,
-            token2token="exp", dropout_p=self.dropout_module.p, training=self.training, kernel=self.kernel,
-            s2t_activation="sigmoid" if self.s2t_activation.endswith("sigmoid") else "exp",
-        )
+        s2t_activation = "sigmoid" if self.s2t_activation.endswith("sigmoid") else "exp"
+        if torch.jit.is_scripting():
+            out = mtsa_core_scripted(q, k, v, s2t, key_padding_mask, self.direction, self.dropout_module.p,
+                                     self.training, s2t_activation)
+        else:
+            out = mtsa_core(
+                q, k, v, s2t, key_padding_mask=key_padding_mask, direction=self.direction, include_self=True,
+                token2token="exp", dropout_p=self.dropout_module.p, training=self.training, kernel=self.kernel,
+                s2t_activation=s2t_activation,
+            )
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out), None
+
+    def _split_heads(self, x: Tensor, length: int, batch: int) -> Tensor:
+        """``[L, B, H * d]`` -> per-head ``[B, H, L, d]`` (a view)."""
+        return x.view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
     def _extend_cache(
         self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, s2t: Tensor,
@@ -160,8 +168,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
         (inherited) reorders them for beam search."""
         saved = self._get_input_buffer(incremental_state)
         prev_k = saved.get("prev_key")
-        if prev_k is not None:
-            prev_v = saved["prev_value"]
+        prev_v = saved.get("prev_value")
+        if prev_k is not None and prev_v is not None:
             prev_s = saved.get("prev_s2t")
             if prev_s is None:  # a cache filled from outside (``prev_self_attn_state``) has no logits yet
                 prev_s = self.source2token(prev_v if self.s2t_input == "v" else prev_k)
@@ -171,7 +179,10 @@ class MTSAMultiheadAttention(MultiheadAttention):
                 new_mask = _no_pads(k) if key_padding_mask is None else key_padding_mask
                 key_padding_mask = torch.cat([prev_mask, new_mask], 1)
             k, v, s2t = torch.cat([prev_k, k], 2), torch.cat([prev_v, v], 2), torch.cat([prev_s, s2t], 2)
-        saved.update(prev_key=k, prev_value=v, prev_s2t=s2t, prev_key_padding_mask=key_padding_mask)
+        saved["prev_key"] = k
+        saved["prev_value"] = v
+        saved["prev_s2t"] = s2t
+        saved["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved)
         return k, v, s2t, key_padding_mask
 
@@ -183,9 +194,13 @@ def _no_pads(x: Tensor) -> Tensor:
 
 def _check_future_mask(attn_mask: Tensor, length: int) -> None:
     """Accept only fairseq's decoder future mask (``-inf`` or True strictly above the diagonal):
-    MTSA applies causality inside the kernel, so any other mask would be silently ignored."""
-    if attn_mask.shape != (length, length):
-        raise ValueError(f"attn_mask must be the [T, T] = {(length, length)} future mask, got {tuple(attn_mask.shape)}")
+    MTSA applies causality inside the kernel, so any other mask would be silently ignored. A compiled graph checks
+    only the shape: it cannot branch on the values."""
+    if list(attn_mask.shape) != [length, length]:
+        shape = ", ".join([str(size) for size in attn_mask.shape])
+        raise ValueError(f"attn_mask must be the [T, T] = ({length}, {length}) future mask, got ({shape})")
+    if torch.compiler.is_compiling():
+        return
     future = torch.ones(length, length, dtype=torch.bool, device=attn_mask.device).triu(1)
     if attn_mask.dtype == torch.bool:
         ok = torch.equal(attn_mask, future)

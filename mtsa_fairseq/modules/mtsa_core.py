@@ -45,6 +45,10 @@ How it is computed (reference §8.2, §8.4):
   ``D_R`` and ``D_S`` are the dropout masks (0 or 1/keep) of ``E_R`` and ``E_S``: ``D_S`` is the one the other
   rows used, ``D_R`` is drawn afresh for these rows, with the same distribution. ``O(L d)`` per row, under
   activation checkpointing; checking for such rows costs one host synchronisation per call.
+* Export. Under ``torch.compile`` the check is a ``torch.cond`` whose branch recomputes every row once one
+  underflowed (static shapes; not checkpointed). TorchScript compiles neither the custom autograd Functions nor
+  the kernels' Python control flow: scripted modules call :func:`mtsa_core_scripted`, one SDPA pair over a whole
+  mask with the same equations.
 
 Rows with no allowed key (strict masks at sequence ends, all-padding sequences) return 0, never NaN.
 Padded *queries* are not masked (as in the NMT code); callers zero them when they need to.
@@ -95,10 +99,11 @@ def positional_mask(j: Tensor, i: Tensor, direction: str | None, include_self: b
     """Element-wise ``allowed[j, i]`` for broadcastable query positions ``j`` and key positions ``i``
     (reference §6): forward ``i <= j`` (``i < j`` without self), backward ``i >= j`` (``i > j``),
     no direction ``i != j`` without self. ``None`` means every pair is allowed."""
-    if direction == "forward":
-        return i <= j if include_self else i < j
-    if direction == "backward":
-        return i >= j if include_self else i > j
+    if direction is not None:  # (TorchScript compares an optional string only once it is known not to be None)
+        if direction == "forward":
+            return i <= j if include_self else i < j
+        if direction == "backward":
+            return i >= j if include_self else i > j
     return None if include_self else i != j
 
 
@@ -237,24 +242,40 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask
 def _source2token_weights(s2t: Tensor, s2t_activation: str | None, key_padding_mask: Tensor | None) -> Tensor:
     """``E_S`` as the linear-space kernels take it: as given, ``sigmoid(S)``, or ``exp(S)`` shifted by the
     maximum over real keys per (batch, head, feature) (reference §8.4)."""
-    if s2t_activation == "exp":
-        return stable_exp(s2t, key_padding_mask)
-    return torch.sigmoid(s2t) if s2t_activation == "sigmoid" else s2t
+    if s2t_activation is not None:  # refined for TorchScript (positional_mask)
+        if s2t_activation == "exp":
+            return stable_exp(s2t, key_padding_mask)
+        if s2t_activation == "sigmoid":
+            return torch.sigmoid(s2t)
+    return s2t
 
 
 def _log_weights(s2t: Tensor, s2t_activation: str | None) -> Tensor:
     """``log E_S`` (``-inf`` where ``E_S`` is 0) from the weights or the logits."""
-    if s2t_activation == "exp":
-        return s2t
-    if s2t_activation == "sigmoid":
-        return F.logsigmoid(s2t)
+    if s2t_activation is not None:  # refined for TorchScript (positional_mask)
+        if s2t_activation == "exp":
+            return s2t
+        if s2t_activation == "sigmoid":
+            return F.logsigmoid(s2t)
     positive = s2t > 0
     return torch.log(torch.where(positive, s2t, torch.ones_like(s2t))).masked_fill(~positive, float("-inf"))
 
 
 def _underflowed(den: Tensor, dtype: torch.dtype) -> Tensor:
     """``[..., L_q]``: rows with a denominator below ``sqrt(finfo(dtype).tiny)`` (module docstring)."""
+    if torch.jit.is_scripting():  # TorchScript has no torch.finfo
+        return (den < _sqrt_tiny(dtype)).any(dim=-1)
     return (den < torch.finfo(dtype).tiny ** 0.5).any(dim=-1)
+
+
+def _sqrt_tiny(dtype: torch.dtype) -> float:
+    """``sqrt(torch.finfo(dtype).tiny)`` of the kernels' float types: 2^-7 (float16), 2^-511 (float64), 2^-63
+    (float32 and bfloat16, which share 8 exponent bits)."""
+    if dtype == torch.float16:
+        return 2.0 ** -7
+    if dtype == torch.float64:
+        return 2.0 ** -511
+    return 2.0 ** -63
 
 
 def mtsa_core(
@@ -319,9 +340,7 @@ def mtsa_core(
     scale = 1.0 / math.sqrt(d_k)
 
     e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
-    # E_S' = E_S * s2t_kept / keep: one mask for all query chunks, kept for the rows recomputed in log space
-    s2t_kept = torch.empty_like(e_s, dtype=torch.bool).bernoulli_(keep) if dropout_active else None
-    num_values = v * e_s if s2t_kept is None else v * (e_s * s2t_kept) / keep
+    num_values, s2t_kept = _numerator_values(v, e_s, keep, dropout_active)
     if use == "triton":
         from .mtsa_triton import mtsa_triton
 
@@ -333,6 +352,9 @@ def mtsa_core(
     else:
         out, small = _chunked(q, k, num_values, e_s, key_padding_mask, groups, include_self, token2token, use,
                               scale, dropout_active, keep, query_chunk_size)
+    if torch.compiler.is_compiling():
+        return _recompute_in_graph(out, small, q, k, v, s2t, s2t_kept, key_padding_mask, groups, include_self,
+                                   token2token, s2t_activation, scale, keep if dropout_active else 1.0)
     if not bool(small.any()):
         return out
     small &= _rows_with_keys(key_padding_mask, batch, num_heads, q_len, k_len, groups, include_self, q.device)
@@ -347,11 +369,123 @@ def mtsa_core(
     return out.index_put(tuple(rows.T), _in_row_chunks(recompute, rows, q, k, values, s2t).to(out.dtype))
 
 
+def _numerator_values(v: Tensor, e_s: Tensor, keep: float, dropout_active: bool) -> tuple[Tensor, Tensor | None]:
+    """``v * E_S'`` and the mask ``s2t_kept`` of ``E_S' = E_S * s2t_kept / keep`` (None without dropout): one mask
+    for all query chunks, kept for the rows recomputed in log space."""
+    if not dropout_active:
+        return v * e_s, None
+    s2t_kept = torch.empty_like(e_s, dtype=torch.bool).bernoulli_(keep)
+    return v * (e_s * s2t_kept) / keep, s2t_kept
+
+
+def _recompute_in_graph(
+    out: Tensor, small: Tensor, q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, s2t_kept: Tensor | None,
+    key_padding_mask: Tensor | None, groups: list[tuple[slice, str | None]], include_self: bool, token2token: str,
+    s2t_activation: str | None, scale: float, keep: float,
+) -> Tensor:
+    """The log-space recomputation of underflowed rows (module docstring) in a compiled graph, which branches on
+    tensor values only through ``torch.cond``, whose branches have static shapes: once a row underflowed, every row
+    is recomputed (in chunks, not checkpointed) and the underflowed ones with an allowed key take the result.
+    ``keep`` is 1 without dropout."""
+    batch, num_heads, q_len, d_v = out.shape
+    small = small & _rows_with_keys(key_padding_mask, batch, num_heads, q_len, k.shape[2], groups, include_self,
+                                    q.device)
+
+    def recompute(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor) -> Tensor:
+        values = v if s2t_kept is None else v * s2t_kept / keep
+        rows = torch.cartesian_prod(*(torch.arange(n, device=q.device) for n in (batch, num_heads, q_len)))
+        size = _rows_per_chunk(k.shape[2], max(k.shape[-1], d_v))
+        new = torch.cat([
+            _log_space_rows(q, k, values, s2t, rows[start:start + size], key_padding_mask, groups, include_self,
+                            token2token, s2t_activation, scale, keep)
+            for start in range(0, len(rows), size)
+        ])
+        return new.view(out.shape).to(out.dtype)
+
+    def none_underflowed(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor) -> Tensor:
+        return out.new_zeros(out.shape)
+
+    # contiguous operands: both branches' gradients must have the same strides
+    new = torch.cond(small.any(), recompute, none_underflowed, tuple(t.contiguous() for t in (q, k, v, s2t)))
+    return torch.where(small[..., None], new, out)
+
+
+def mtsa_core_scripted(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s2t: Tensor,
+    key_padding_mask: Tensor | None = None,
+    direction: str | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    s2t_activation: str | None = None,
+) -> Tensor:
+    """:func:`mtsa_core` with ``token2token="exp"`` and ``include_self`` (the NMT modules' form) in operations that
+    TorchScript compiles: the modules take this path under ``torch.jit.script``. One SDPA pair computes it, as kernel
+    ``"sdpa"`` does, but over the whole ``[B or 1, H or 1, L_q, L]`` mask instead of query chunks; rows that
+    underflow are recomputed in log space as there (not checkpointed). Same values as :func:`mtsa_core` up to float
+    rounding; autograd differentiates the plain operations."""
+    batch, num_heads, q_len, d_k = q.shape
+    k_len = k.shape[2]
+    keep = math.sqrt(1.0 - dropout_p)
+    dropout_active = training and dropout_p > 0.0
+    scale = 1.0 / math.sqrt(d_k)
+    e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
+    num_values, s2t_kept = _numerator_values(v, e_s, keep, dropout_active)
+    mask = _whole_mask(key_padding_mask, num_heads, q_len, k_len, direction, q.device)
+    out, small = _sdpa_ratio(q, k, num_values, e_s, mask, scale, dropout_active, keep)
+    if mask is not None:
+        small = small & mask.any(dim=-1)  # rows without an allowed key stay 0
+    if not bool(small.any()):
+        return out
+    keep = keep if dropout_active else 1.0
+    values = v if s2t_kept is None else v * s2t_kept / keep
+    rows = small.nonzero()
+    allowed = torch.ones(1, 1, 1, k_len, dtype=torch.bool, device=q.device) if mask is None else mask
+    allowed = allowed.expand(batch, num_heads, q_len, k_len)
+    size = _rows_per_chunk(k_len, max(d_k, v.shape[-1]))
+    parts: list[Tensor] = []
+    for start in range(0, rows.shape[0], size):
+        part = rows[start:start + size]
+        parts.append(_log_space_ratio(q, k, values, s2t, part, allowed[part[:, 0], part[:, 1], part[:, 2]], "exp",
+                                      s2t_activation, scale, keep))
+    index: list[Tensor | None] = [rows[:, 0], rows[:, 1], rows[:, 2]]
+    return out.index_put(index, torch.cat(parts).to(out.dtype))
+
+
+def _whole_mask(
+    key_padding_mask: Tensor | None, num_heads: int, q_len: int, k_len: int, direction: str | None,
+    device: torch.device,
+) -> Tensor | None:
+    """The allowed keys (self included) of the last ``q_len`` queries, broadcastable to ``[B, H, L_q, L]``: key
+    padding ``[B, 1, 1, L]`` and the positional rule ``[H or 1, L_q, L]`` (``"bi"``: forward on the first H/2
+    heads, backward on the rest); None when every key is allowed."""
+    mask: Tensor | None = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+    if direction is None:
+        return mask
+    pos = torch.arange(k_len, device=device)
+    j, i = pos[k_len - q_len:, None], pos[None, :]
+    rule = positional_mask(j, i, "forward" if direction == "bi" else direction, True)
+    assert rule is not None
+    if direction == "bi":
+        backward = positional_mask(j, i, "backward", True)
+        assert backward is not None
+        rule = torch.where(torch.arange(num_heads, device=device)[:, None, None] < num_heads // 2, rule, backward)
+    return rule if mask is None else mask & rule
+
+
+def _rows_per_chunk(k_len: int, width: int, elements: int = CHUNK_ELEMENTS) -> int:
+    """Rows per log-space chunk, whose ``[chunk, L, width]`` tensors stay under ``elements`` (a default: TorchScript
+    reads no global)."""
+    return max(1, elements // (k_len * width))
+
+
 def _in_row_chunks(recompute: Callable[..., Tensor], rows: Tensor, q: Tensor, k: Tensor, values: Tensor,
                    s2t: Tensor) -> Tensor:
     """``recompute`` over chunks of ``rows`` whose ``[chunk, L, d]`` tensors stay under 2**24 elements, each
     checkpointed (its backward recomputes it instead of keeping them)."""
-    size = max(1, CHUNK_ELEMENTS // (k.shape[2] * max(k.shape[-1], values.shape[-1])))
+    size = _rows_per_chunk(k.shape[2], max(k.shape[-1], values.shape[-1]))
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, values, s2t))
     return torch.cat([
         checkpoint(recompute, q, k, values, s2t, rows[start:start + size], use_reentrant=False)
@@ -427,17 +561,30 @@ def _log_space_rows(
     """``out[b, h, j]`` for ``rows [n, 3]`` of ``(b, h, j)``, with a maximum per query and feature (module
     docstring); ``values`` is ``v * D_S``. Returns ``[n, d_v]`` in float32 or wider."""
     b, h, j = rows.unbind(1)
-    work = torch.promote_types(q.dtype, torch.float32)
     k_len = k.shape[2]
-    scores = torch.einsum("nd,nld->nl", q[b, h, j].to(work), k[b, h].to(work)) * scale
-    log_r = scores if token2token == "exp" else F.logsigmoid(scores)
-    allowed = torch.ones_like(log_r, dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask[b]
+    allowed = (
+        torch.ones(len(rows), k_len, dtype=torch.bool, device=q.device)
+        if key_padding_mask is None
+        else ~key_padding_mask[b]
+    )
     keys = torch.arange(k_len, device=q.device)[None, :]
     pos = (j + k_len - q.shape[2])[:, None]
     for heads, mode in groups:
         rule = positional_mask(pos, keys, mode, include_self)
         if rule is not None:
             allowed = allowed & (rule | ((h < heads.start) | (h >= heads.stop))[:, None])
+    return _log_space_ratio(q, k, values, s2t, rows, allowed, token2token, s2t_activation, scale, keep)
+
+
+def _log_space_ratio(
+    q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, rows: Tensor, allowed: Tensor, token2token: str,
+    s2t_activation: str | None, scale: float, keep: float,
+) -> Tensor:
+    """:func:`_log_space_rows` given which keys each row may attend (``allowed [n, L]``)."""
+    b, h, j = rows.unbind(1)
+    work = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.einsum("nd,nld->nl", q[b, h, j].to(work), k[b, h].to(work)) * scale
+    log_r = scores if token2token == "exp" else F.logsigmoid(scores)
     log_w = log_r.masked_fill(~allowed, float("-inf"))[:, :, None] + _log_weights(s2t[b, h].to(work), s2t_activation)
     top = log_w.detach().amax(dim=1, keepdim=True)
     w = torch.exp(log_w - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
@@ -472,6 +619,11 @@ class _GuardedRatio(torch.autograd.Function):
 
 
 def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
+    if torch.jit.is_scripting():
+        # TorchScript cannot save a custom autograd Function, so autograd differentiates the division, whose
+        # backward squares Z: entries below sqrt(tiny), whose rows the callers recompute in log space or zero,
+        # divide by 1 instead, or 0 * (1 / 0) would make their zero gradient NaN
+        return num / torch.where(den >= _sqrt_tiny(den.dtype), den, torch.ones_like(den))
     return _GuardedRatio.apply(num, den)
 
 
@@ -482,13 +634,12 @@ def _sdpa_ratio(
     """``SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities only
     (reference §8.3) and 0 on rows without an allowed key; ``is_causal`` is the kernel's own
     forward-with-self mask (no mask tensor at all). Also returns the underflowed rows."""
-    empty = None
+    empty: Tensor | None = None
     if mask is not None:
-        empty = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
-        if bool(empty.any()):
-            mask = mask | empty  # keep softmax kernels away from all -inf rows; zeroed below
-        else:
-            empty = None
+        no_keys = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
+        if torch.compiler.is_compiling() or bool(no_keys.any()):  # a graph cannot branch on it: always applied there
+            mask = mask | no_keys  # keep softmax kernels away from all -inf rows; zeroed below
+            empty = no_keys
     num = F.scaled_dot_product_attention(
         q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
         is_causal=is_causal,

@@ -9,9 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# The authors' ``afn_name2fn`` / ``activation_name_to_func`` tables (docs/reference.md §1.2, §2.1).
+
+def _linear(x: Tensor) -> Tensor:
+    return x
+
+
+# The authors' ``afn_name2fn`` / ``activation_name_to_func`` tables (docs/reference.md §1.2, §2.1). Named functions
+# only: TorchScript compiles a module attribute holding one of them, not a lambda.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "linear": lambda x: x,
+    "linear": _linear,
     "relu": F.relu,
     "elu": F.elu,
     "selu": F.selu,

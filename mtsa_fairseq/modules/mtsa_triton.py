@@ -28,12 +28,18 @@ precision, not TF32); accumulation is fp32. On CUDA the tiles (block sizes, warp
 autotuned once per length bucket, head widths, masks and dtypes. Without a GPU the
 kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (the variable must be set before this module is
 imported).
+
+The module keeps three tiers, as flash-attention does: the ``@triton.jit`` kernels and the helpers they share
+(the backward kernels' per-block step ``P``, ``P D / keep``, ``dS`` is one helper, ``_block_grads``); the
+launchers ``_launch_forward`` and ``_launch_backward`` (buffers, grids, tiles and their autotuning, strides,
+flags); and ``_MTSAFunction``, which only calls the launchers and saves what the backward reads.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -43,6 +49,10 @@ from torch import Tensor
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit below compiles for
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = 2^(x log2(e)): the kernels use exp2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels: the `@triton.jit` functions (the kernels and the helpers they share).
 
 
 @triton.jit
@@ -118,40 +128,64 @@ def _load_output_grads(DN, DZ, bh, offs_m, offs_dv, rows, LQ, DV):
 
 
 @triton.jit
+def _load_block(X, b, h, s_b, s_h, s_n, offs, valid, offs_d, D):
+    """Rows ``offs`` (0 where not ``valid``) and columns ``offs_d`` (0 from ``D`` on) of head ``h`` of batch
+    element ``b`` of ``X`` (strides ``s_b, s_h, s_n``, the last dimension contiguous)."""
+    return tl.load(X + b * s_b + h * s_h + offs[:, None] * s_n + offs_d[None, :],
+                   mask=valid[:, None] & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _program(H, n_forward, BLOCK: tl.constexpr):
+    """This program's ``(batch x head)`` index, batch element, head, whether the head looks forward, and the
+    first position of its block (of queries or keys, as the kernel's grid has them)."""
+    bh = tl.program_id(0)
+    h = bh % H
+    return bh, bh // H, h, h < n_forward, tl.program_id(1) * BLOCK
+
+
+@triton.jit
+def _query_block(Q, b, h, sq_b, sq_h, sq_m, start_m, forward, LQ, LK, DK, offs_dk, DIRECTIONAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A per-query-block kernel's start: the block's query indices, which of them are real, its ``q``, its
+    queries' key positions ``[M, 1]`` and the range of keys to visit (a directional head skips the key blocks
+    its rule excludes for the whole block: forward heads see keys up to the block's last query, backward heads
+    from its first)."""
+    offset = LK - LQ
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    rows = offs_m < LQ
+    q = _load_block(Q, b, h, sq_b, sq_h, sq_m, offs_m, rows, offs_dk, DK)
+    lo = 0
+    hi = LK
+    if DIRECTIONAL:
+        last = tl.minimum(start_m + BLOCK_M, LQ) + offset
+        fw = forward.to(tl.int32)
+        lo = (1 - fw) * ((start_m + offset) // BLOCK_N * BLOCK_N)
+        hi = fw * last + (1 - fw) * LK
+    return offs_m, rows, q, (offs_m + offset)[:, None], lo, hi
+
+
+@triton.jit
 def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
                 sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
                 H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                 DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                 HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    bh = tl.program_id(0)
-    start_m = tl.program_id(1) * BLOCK_M
-    b = bh // H
-    h = bh % H
-    offset = LK - LQ
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    """``out``, ``Z`` and the row maxima ``m`` (log2 units, 0 for rows without an allowed key or for sigmoid)
+    for one query block of one (batch element, head), streaming its key blocks once."""
+    bh, b, h, forward, start_m = _program(H, n_forward, BLOCK_M)
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
-    rows = offs_m < LQ
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :],
-                mask=rows[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    forward = h < n_forward
-    q_pos = (offs_m + offset)[:, None]
-    lo = 0
-    hi = LK
-    if DIRECTIONAL:  # forward heads see keys up to the block's last query, backward heads from its first
-        last = tl.minimum(start_m + BLOCK_M, LQ) + offset
-        fw = forward.to(tl.int32)
-        lo = (1 - fw) * ((start_m + offset) // BLOCK_N * BLOCK_N)
-        hi = fw * last + (1 - fw) * LK
+    offs_m, rows, q, q_pos, lo, hi = _query_block(Q, b, h, sq_b, sq_h, sq_m, start_m, forward, LQ, LK, DK, offs_dk,
+                                                  DIRECTIONAL, BLOCK_M, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     z = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     n = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = offs_n < LK
-        k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_n + offs_dk[None, :],
-                    mask=keys[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        k = _load_block(K, b, h, sk_b, sk_h, sk_n, offs_n, keys, offs_dk, DK)
         s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
         ok = _allowed(q_pos, offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL, INCLUDE_SELF, HAS_PAD)
         if EXP:  # online maximum in log2 units; rows that have seen no allowed key keep m = -inf
@@ -165,9 +199,8 @@ def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
             m_i = m_new
         else:
             p = _weights(s, ok, m_i, scale, EXP)
-        value_mask = keys[:, None] & (offs_dv[None, :] < DV)
-        es = tl.load(ES + b * se_b + h * se_h + offs_n[:, None] * se_n + offs_dv[None, :], mask=value_mask, other=0.0)
-        nv = tl.load(NV + b * sv_b + h * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :], mask=value_mask, other=0.0)
+        es = _load_block(ES, b, h, se_b, se_h, se_n, offs_n, keys, offs_dv, DV)
+        nv = _load_block(NV, b, h, sv_b, sv_h, sv_n, offs_n, keys, offs_dv, DV)
         z += _dot(p.to(es.dtype), es, PRECISION, WIDEN_BF16)
         if DROPOUT:
             p = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, keep), p / keep, 0.0)
@@ -182,27 +215,44 @@ def _fwd_kernel(Q, K, ES, NV, PAD, OUT, Z, M,
 
 
 @triton.jit
+def _block_grads(q, k, es, nv, dn, dz, m, q_pos, offs_m, offs_n, bh, LQ, LK, forward, pad_row, seed, keep, scale,
+                 DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
+                 HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr):
+    """Both backward kernels' step for one query block against one key block: ``P`` recomputed from the saved
+    row maxima ``m``, ``P D / keep`` (the numerator's weights) and ``dS``."""
+    s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
+    ok = _allowed(q_pos, offs_n[None, :], LK, forward, pad_row, DIRECTIONAL, INCLUDE_SELF, HAS_PAD)
+    p = _weights(s, ok, m, scale, EXP)
+    dp_num = _dot(dn, tl.trans(nv), PRECISION, WIDEN_BF16)
+    if DROPOUT:
+        kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, keep)
+        p_num = tl.where(kept, p / keep, 0.0)
+        dp_num = tl.where(kept, dp_num / keep, 0.0)
+    else:
+        p_num = p
+    dp = dp_num + _dot(dz, tl.trans(es), PRECISION, WIDEN_BF16)
+    ds = p * dp if EXP else p * (1.0 - p) * dp
+    return p, p_num, ds
+
+
+@triton.jit
 def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
                    sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, se_b, se_h, se_n, sv_b, sv_h, sv_n,
                    H, LQ, LK, DK, DV, n_forward, seed, keep, scale, LEN_BUCKET,
                    DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                    HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr, FUSED_DQ: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    bh = tl.program_id(0)
-    start_n = tl.program_id(1) * BLOCK_N
-    b = bh // H
-    h = bh % H
+    """``dk``, ``dE_S``, ``dNV`` (and with ``FUSED_DQ`` its shares of ``dq``) for one key block of one (batch
+    element, head)."""
+    bh, b, h, forward, start_n = _program(H, n_forward, BLOCK_N)
     offset = LK - LQ
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     keys = offs_n < LK
-    key_mask = keys[:, None] & (offs_dk[None, :] < DK)
-    value_mask = keys[:, None] & (offs_dv[None, :] < DV)
-    k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_n + offs_dk[None, :], mask=key_mask, other=0.0)
-    es = tl.load(ES + b * se_b + h * se_h + offs_n[:, None] * se_n + offs_dv[None, :], mask=value_mask, other=0.0)
-    nv = tl.load(NV + b * sv_b + h * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :], mask=value_mask, other=0.0)
-    forward = h < n_forward
+    k = _load_block(K, b, h, sk_b, sk_h, sk_n, offs_n, keys, offs_dk, DK)
+    es = _load_block(ES, b, h, se_b, se_h, se_n, offs_n, keys, offs_dv, DV)
+    nv = _load_block(NV, b, h, sv_b, sv_h, sv_n, offs_n, keys, offs_dv, DV)
     lo = 0
     hi = LQ
     if DIRECTIONAL:  # forward heads: queries from the block's first key on; backward: up to its last key
@@ -215,25 +265,14 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < LQ
-        q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :],
-                    mask=rows[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        q = _load_block(Q, b, h, sq_b, sq_h, sq_m, offs_m, rows, offs_dk, DK)
         dn, dz = _load_output_grads(DN, DZ, bh, offs_m, offs_dv, rows, LQ, DV)
         m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
-        s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
-        ok = _allowed((offs_m + offset)[:, None], offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL,
-                      INCLUDE_SELF, HAS_PAD)
-        p = _weights(s, ok, m, scale, EXP)
-        dp_num = _dot(dn, tl.trans(nv), PRECISION, WIDEN_BF16)
-        if DROPOUT:
-            kept = _kept(seed, bh, offs_m, offs_n, LQ, LK, keep)
-            p_num = tl.where(kept, p / keep, 0.0)
-            dp_num = tl.where(kept, dp_num / keep, 0.0)
-        else:
-            p_num = p
+        p, p_num, ds = _block_grads(q, k, es, nv, dn, dz, m, (offs_m + offset)[:, None], offs_m, offs_n, bh, LQ, LK,
+                                    forward, PAD + b * LK, seed, keep, scale, DIRECTIONAL, INCLUDE_SELF, EXP,
+                                    DROPOUT, HAS_PAD, PRECISION, WIDEN_BF16)
         dnv += _dot(tl.trans(p_num).to(nv.dtype), dn, PRECISION, WIDEN_BF16)
         des += _dot(tl.trans(p).to(es.dtype), dz, PRECISION, WIDEN_BF16)
-        dp = dp_num + _dot(dz, tl.trans(es), PRECISION, WIDEN_BF16)
-        ds = p * dp if EXP else p * (1.0 - p) * dp
         dkey += _dot(tl.trans(ds).to(q.dtype), q, PRECISION, WIDEN_BF16)
         if FUSED_DQ:  # this key block's share of dq, summed over the key blocks in fp32 (order not fixed)
             tl.atomic_add(DQ + bh * LQ * DK + offs_m[:, None] * DK + offs_dk[None, :],
@@ -241,7 +280,8 @@ def _bwd_kv_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DKEY, DES, DNV, DQ,
                           mask=rows[:, None] & (offs_dk[None, :] < DK), sem="relaxed")
     tile_k = bh * LK * DK + offs_n[:, None] * DK + offs_dk[None, :]
     tile_v = bh * LK * DV + offs_n[:, None] * DV + offs_dv[None, :]
-    tl.store(DKEY + tile_k, (dkey * scale).to(DKEY.dtype.element_ty), mask=key_mask)
+    value_mask = keys[:, None] & (offs_dv[None, :] < DV)
+    tl.store(DKEY + tile_k, (dkey * scale).to(DKEY.dtype.element_ty), mask=keys[:, None] & (offs_dk[None, :] < DK))
     tl.store(DES + tile_v, des.to(DES.dtype.element_ty), mask=value_mask)
     tl.store(DNV + tile_v, dnv.to(DNV.dtype.element_ty), mask=value_mask)
 
@@ -253,49 +293,31 @@ def _bwd_q_kernel(Q, K, ES, NV, PAD, M, DN, DZ, DQ,
                   DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr, EXP: tl.constexpr, DROPOUT: tl.constexpr,
                   HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    bh = tl.program_id(0)
-    start_m = tl.program_id(1) * BLOCK_M
-    b = bh // H
-    h = bh % H
-    offset = LK - LQ
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    """``dq`` for one query block of one (batch element, head), over the key blocks in a fixed order."""
+    bh, b, h, forward, start_m = _program(H, n_forward, BLOCK_M)
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
-    rows = offs_m < LQ
-    query_mask = rows[:, None] & (offs_dk[None, :] < DK)
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_dk[None, :], mask=query_mask, other=0.0)
+    offs_m, rows, q, q_pos, lo, hi = _query_block(Q, b, h, sq_b, sq_h, sq_m, start_m, forward, LQ, LK, DK, offs_dk,
+                                                  DIRECTIONAL, BLOCK_M, BLOCK_N)
     dn, dz = _load_output_grads(DN, DZ, bh, offs_m, offs_dv, rows, LQ, DV)
     m = tl.load(M + bh * LQ + offs_m, mask=rows, other=0.0)
-    forward = h < n_forward
-    q_pos = (offs_m + offset)[:, None]
-    lo = 0
-    hi = LK
-    if DIRECTIONAL:
-        last = tl.minimum(start_m + BLOCK_M, LQ) + offset
-        fw = forward.to(tl.int32)
-        lo = (1 - fw) * ((start_m + offset) // BLOCK_N * BLOCK_N)
-        hi = fw * last + (1 - fw) * LK
     dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = offs_n < LK
-        k = tl.load(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_n + offs_dk[None, :],
-                    mask=keys[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        value_mask = keys[:, None] & (offs_dv[None, :] < DV)
-        es = tl.load(ES + b * se_b + h * se_h + offs_n[:, None] * se_n + offs_dv[None, :], mask=value_mask, other=0.0)
-        nv = tl.load(NV + b * sv_b + h * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :], mask=value_mask, other=0.0)
-        s = _dot(q, tl.trans(k), PRECISION, WIDEN_BF16)
-        ok = _allowed(q_pos, offs_n[None, :], LK, forward, PAD + b * LK, DIRECTIONAL, INCLUDE_SELF, HAS_PAD)
-        p = _weights(s, ok, m, scale, EXP)
-        dp_num = _dot(dn, tl.trans(nv), PRECISION, WIDEN_BF16)
-        if DROPOUT:
-            dp_num = tl.where(_kept(seed, bh, offs_m, offs_n, LQ, LK, keep), dp_num / keep, 0.0)
-        dp = dp_num + _dot(dz, tl.trans(es), PRECISION, WIDEN_BF16)
-        ds = p * dp if EXP else p * (1.0 - p) * dp
+        k = _load_block(K, b, h, sk_b, sk_h, sk_n, offs_n, keys, offs_dk, DK)
+        es = _load_block(ES, b, h, se_b, se_h, se_n, offs_n, keys, offs_dv, DV)
+        nv = _load_block(NV, b, h, sv_b, sv_h, sv_n, offs_n, keys, offs_dv, DV)
+        _, _, ds = _block_grads(q, k, es, nv, dn, dz, m, q_pos, offs_m, offs_n, bh, LQ, LK, forward, PAD + b * LK,
+                                seed, keep, scale, DIRECTIONAL, INCLUDE_SELF, EXP, DROPOUT, HAS_PAD, PRECISION,
+                                WIDEN_BF16)
         dq += _dot(ds.to(k.dtype), k, PRECISION, WIDEN_BF16)
     tl.store(DQ + bh * LQ * DK + offs_m[:, None] * DK + offs_dk[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=query_mask)
+             mask=rows[:, None] & (offs_dk[None, :] < DK))
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launchers: buffers, grids, tiles (autotuned on CUDA), strides and flags for the kernels above.
 
 # CUDA tiles tried by autotuning: (BLOCK_M, BLOCK_N, num_warps, num_stages); the first two were the fixed choices
 # before tuning (64 x 64 for head widths up to 64, 32 x 32 above). Heads wider than 64 keep tiles of at most 64.
@@ -346,60 +368,99 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+class _LaunchState(NamedTuple):
+    """What the backward's launches reuse from the forward's."""
+
+    strides: list[int]  # of q, k, E_S and NV
+    scalars: tuple  # heads, lengths, head widths, n_forward, dropout seed, keep, scale, length bucket
+    flags: dict[str, object]  # the kernels' masks, dropout and precision switches
+    config: dict[str, int]  # head-width blocks (and the tiles under the interpreter)
+
+
+def _kernel_inputs(q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor,
+                   pad: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The tensors the kernels read: ``q, k, E_S, NV`` with a contiguous last dimension and the key padding mask
+    as uint8 (one unread element without padding)."""
+    q, k, e_s, num_values = (_last_dim_contiguous(t) for t in (q, k, e_s, num_values))
+    pad_u8 = torch.zeros(1, dtype=torch.uint8, device=q.device) if pad is None else pad.to(torch.uint8).contiguous()
+    return q, k, e_s, num_values, pad_u8
+
+
+def _launch_forward(q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, pad_u8: Tensor, has_pad: bool,
+                    n_forward: int, directional: bool, include_self: bool, exp: bool,
+                    keep: float) -> tuple[Tensor, Tensor, Tensor, _LaunchState]:
+    """``out``, ``Z`` (fp32) and the row maxima ``m`` (fp32, log2 units; 0 for sigmoid) of the forward kernel
+    for ``_kernel_inputs``' tensors, with what the backward's launches reuse; draws the dropout seed from
+    torch's generator when ``keep < 1``."""
+    batch, heads, q_len, d_k = q.shape
+    k_len, d_v = k.shape[2], e_s.shape[-1]
+    dropout = keep < 1.0
+    seed = int(torch.randint(0, 2**31 - 1, ())) if dropout else 0
+    out = q.new_empty(batch, heads, q_len, d_v)
+    z = torch.empty(batch, heads, q_len, d_v, dtype=torch.float32, device=q.device)
+    m = torch.zeros(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    state = _LaunchState(
+        strides=_strides(q, k, e_s, num_values),
+        scalars=(heads, q_len, k_len, d_k, d_v, n_forward, seed, keep, 1.0 / math.sqrt(d_k),
+                 triton.next_power_of_2(max(q_len, k_len))),
+        flags=dict(DIRECTIONAL=directional, INCLUDE_SELF=include_self, EXP=exp, DROPOUT=dropout, HAS_PAD=has_pad,
+                   PRECISION="ieee" if q.dtype == torch.float32 else None,
+                   WIDEN_BF16=INTERPRETED and q.dtype == torch.bfloat16),
+        config=_config(d_k, d_v),
+    )
+    _FWD[_grid(batch * heads, q_len, "BLOCK_M")](q, k, e_s, num_values, pad_u8, out, z, m, *state.strides,
+                                                 *state.scalars, **state.flags, **state.config)
+    return out, z, m, state
+
+
+def _launch_backward(q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, pad_u8: Tensor, out: Tensor, z: Tensor,
+                     m: Tensor, grad_out: Tensor, state: _LaunchState) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients ``(dq, dk, dE_S, dNV)`` from the output's gradient and what ``_launch_forward`` took and
+    gave: ``dN`` and ``dZ`` first, then the per-key-block kernel with dq summed atomically into an fp32 buffer
+    (one pass, in an order that varies), or under torch's deterministic mode the per-key-block kernel without
+    dq and a per-query-block kernel for dq (recomputing ``P``, in a fixed order)."""
+    grad_out = _last_dim_contiguous(grad_out)  # any other strides (a caller's permute) are read as they are
+    batch, heads, q_len, _ = q.shape
+    k_len, d_v = k.shape[2], e_s.shape[-1]
+    dn, dz = (torch.empty(batch, heads, q_len, d_v, dtype=q.dtype, device=q.device) for _ in range(2))
+    block = state.config.get("BLOCK_M", 64)
+    _output_grads_kernel[(batch * heads, triton.cdiv(q_len, block))](
+        grad_out, out, z, dn, dz, *_strides(grad_out), heads, q_len, d_v, BLOCK_M=block,
+        BLOCK_DV=state.config["BLOCK_DV"])
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    des = torch.empty(e_s.shape, dtype=e_s.dtype, device=e_s.device)
+    dnv = torch.empty(num_values.shape, dtype=num_values.dtype, device=num_values.device)
+    inputs = (q, k, e_s, num_values, pad_u8, m, dn, dz)
+    launch = (*state.strides, *state.scalars)
+    fused = not torch.are_deterministic_algorithms_enabled()
+    dq = torch.zeros(q.shape, dtype=torch.float32 if fused else q.dtype, device=q.device)  # contiguous
+    _BWD_KV[_grid(batch * heads, k_len, "BLOCK_N")](*inputs, dk, des, dnv, dq, *launch, **state.flags,
+                                                    FUSED_DQ=fused, **state.config)
+    if not fused:
+        _BWD_Q[_grid(batch * heads, q_len, "BLOCK_M")](*inputs, dq, *launch, **state.flags, **state.config)
+    return dq.to(q.dtype), dk, des, dnv
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The autograd Function and the public entry.
+
+
 class _MTSAFunction(torch.autograd.Function):
     """The fused forward and backward kernels; returns ``(out, Z)`` with ``Z`` not differentiable."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, pad: Tensor | None, n_forward: int,
                 directional: bool, include_self: bool, exp: bool, keep: float) -> tuple[Tensor, Tensor]:
-        q, k, e_s, num_values = (_last_dim_contiguous(t) for t in (q, k, e_s, num_values))
-        batch, heads, q_len, d_k = q.shape
-        k_len, d_v = k.shape[2], e_s.shape[-1]
-        dropout = keep < 1.0
-        seed = int(torch.randint(0, 2**31 - 1, ())) if dropout else 0
-        pad_u8 = torch.zeros(1, dtype=torch.uint8, device=q.device) if pad is None else pad.to(torch.uint8).contiguous()
-        out = q.new_empty(batch, heads, q_len, d_v)
-        z = torch.empty(batch, heads, q_len, d_v, dtype=torch.float32, device=q.device)
-        m = torch.zeros(batch, heads, q_len, dtype=torch.float32, device=q.device)
-        config = _config(d_k, d_v)
-        flags = dict(DIRECTIONAL=directional, INCLUDE_SELF=include_self, EXP=exp, DROPOUT=dropout,
-                     HAS_PAD=pad is not None, PRECISION="ieee" if q.dtype == torch.float32 else None,
-                     WIDEN_BF16=INTERPRETED and q.dtype == torch.bfloat16)
-        scalars = (heads, q_len, k_len, d_k, d_v, n_forward, seed, keep, 1.0 / math.sqrt(d_k),
-                   triton.next_power_of_2(max(q_len, k_len)))
-        strides = _strides(q, k, e_s, num_values)
-        _FWD[_grid(batch * heads, q_len, "BLOCK_M")](q, k, e_s, num_values, pad_u8, out, z, m, *strides, *scalars,
-                                                     **flags, **config)
-        ctx.save_for_backward(q, k, e_s, num_values, pad_u8, out, z, m)
-        ctx.launch = (strides, scalars, flags, config)
+        inputs = _kernel_inputs(q, k, e_s, num_values, pad)
+        out, z, m, ctx.launch = _launch_forward(*inputs, pad is not None, n_forward, directional, include_self,
+                                                exp, keep)
+        ctx.save_for_backward(*inputs, out, z, m)
         ctx.mark_non_differentiable(z)
         return out, z
 
     @staticmethod
     def backward(ctx, grad_out: Tensor, _grad_z: Tensor | None) -> tuple[Tensor | None, ...]:
-        q, k, e_s, num_values, pad_u8, out, z, m = ctx.saved_tensors
-        strides, scalars, flags, config = ctx.launch
-        grad_out = _last_dim_contiguous(grad_out)  # any other strides (a caller's permute) are read as they are
-        batch, heads, q_len, _ = q.shape
-        k_len, d_v = k.shape[2], e_s.shape[-1]
-        dn, dz = (torch.empty(batch, heads, q_len, d_v, dtype=q.dtype, device=q.device) for _ in range(2))
-        block = config.get("BLOCK_M", 64)
-        _output_grads_kernel[(batch * heads, triton.cdiv(q_len, block))](
-            grad_out, out, z, dn, dz, *_strides(grad_out), heads, q_len, d_v, BLOCK_M=block,
-            BLOCK_DV=config["BLOCK_DV"])
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        des = torch.empty(e_s.shape, dtype=e_s.dtype, device=e_s.device)
-        dnv = torch.empty(num_values.shape, dtype=num_values.dtype, device=num_values.device)
-        inputs = (q, k, e_s, num_values, pad_u8, m, dn, dz)
-        # dq: summed atomically over the key blocks by the same kernel (one pass, in an order that varies), or
-        # by a second kernel per query block that recomputes P (deterministic, as torch's deterministic mode asks)
-        fused = not torch.are_deterministic_algorithms_enabled()
-        dq = torch.zeros(q.shape, dtype=torch.float32 if fused else q.dtype, device=q.device)  # contiguous
-        _BWD_KV[_grid(batch * heads, k_len, "BLOCK_N")](*inputs, dk, des, dnv, dq, *strides, *scalars, **flags,
-                                                        FUSED_DQ=fused, **config)
-        if not fused:
-            _BWD_Q[_grid(batch * heads, q_len, "BLOCK_M")](*inputs, dq, *strides, *scalars, **flags, **config)
-        return dq.to(q.dtype), dk, des, dnv, None, None, None, None, None, None
+        return *_launch_backward(*ctx.saved_tensors, grad_out, ctx.launch), None, None, None, None, None, None
 
 
 def mtsa_triton(

@@ -12,6 +12,7 @@ import pytest
 import torch
 from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
+from test_attention_modules import ENCODER_OPTIONS
 from torch import Tensor, nn
 
 import mtsa_fairseq.plugin
@@ -20,15 +21,9 @@ from mtsa_fairseq.modules.mtsa_core import mtsa_core, mtsa_core_scripted
 
 core = importlib.import_module("mtsa_fairseq.modules.mtsa_core")  # the module (the package exports the function)
 USER_DIR = str(Path(mtsa_fairseq.plugin.__file__).parent)
-OPTIONS = [
-    {},
-    dict(s2t_input="k"),
-    dict(s2t_activation="sigmoid"),
-    dict(s2t_activation="exp"),
-    dict(s2t_activation="scaled_exp", s2t_bias_init=5.0),
-    dict(s2t_hidden_activation="relu"),
+OPTIONS = [  # the encoder forms, the linear hidden activation (once a lambda) and the decoder's causal forms
+    *ENCODER_OPTIONS,
     dict(s2t_hidden_activation="linear", bi_directional=True),
-    dict(bi_directional=True),
     dict(causal=True),
     dict(causal=True, s2t_activation="sigmoid", s2t_input="k", s2t_hidden_activation="tanh"),
 ]

@@ -410,17 +410,9 @@ def _recompute_in_graph(
     return torch.where(small[..., None], new, out)
 
 
-def mtsa_core_scripted(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    s2t: Tensor,
-    key_padding_mask: Tensor | None = None,
-    direction: str | None = None,
-    dropout_p: float = 0.0,
-    training: bool = False,
-    s2t_activation: str | None = None,
-) -> Tensor:
+def mtsa_core_scripted(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None,
+                       direction: str | None = None, dropout_p: float = 0.0, training: bool = False,
+                       s2t_activation: str | None = None) -> Tensor:
     """:func:`mtsa_core` with ``token2token="exp"`` and ``include_self`` (the NMT modules' form) in operations that
     TorchScript compiles: the modules take this path under ``torch.jit.script``. One SDPA pair computes it, as kernel
     ``"sdpa"`` does, but over the whole ``[B or 1, H or 1, L_q, L]`` mask instead of query chunks; rows that

@@ -147,8 +147,7 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
     log(f"seed {run.seed}: {what}: {shlex.join(run.command)}")
     start = time.monotonic()
     try:
-        progress = UpdateProgress(f"{plan_.config.name} seed {run.seed}", record["max_update"], resumed_from,
-                                  write=to_stderr)
+        progress = UpdateProgress(run.label, record["max_update"], resumed_from, write=to_stderr)
         returncode, peak_mb, output = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock,
                                                  on_line=progress)
     except BaseException:

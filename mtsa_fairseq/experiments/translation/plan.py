@@ -70,6 +70,11 @@ class SeedRun:
     record: dict[str, Any]
     log_name: str = "train.log"
 
+    @property
+    def label(self) -> str:
+        """How progress lines name the run (``<config> seed <k>``)."""
+        return f"{self.record['config']} seed {self.seed}"
+
 
 @dataclass
 class Plan:

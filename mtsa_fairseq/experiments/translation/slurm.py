@@ -128,8 +128,7 @@ def submit(plan_: Plan, run: SeedRun, cluster: str = "slurm") -> submitit.Job:
     executor = submitit.AutoExecutor(folder=run.run_dir / "slurm", cluster=cluster,
                                      slurm_max_num_timeout=requeues, local_max_num_timeout=requeues)
     executor.update_parameters(**job_parameters(plan_, run))
-    label = f"{plan_.config.name} seed {run.seed}"
-    return executor.submit(SeedJob(run.run_dir, run.command, plan_.env, run.record["max_update"], label))
+    return executor.submit(SeedJob(run.run_dir, run.command, plan_.env, run.record["max_update"], run.label))
 
 
 def _query(command: list[str]) -> subprocess.CompletedProcess:

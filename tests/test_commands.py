@@ -49,7 +49,8 @@ def test_installed_command_answers_help(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, args, message", [
-    ("sentence_experiment", ["--archs", "mtsa_encoder", "--seeds", "1", "1"], "--archs and --seeds must not repeat"),
+    ("sentence_experiment", ["--archs", "mtsa_encoder", "--seeds", "1", "1"], "--seeds must not repeat"),
+    ("sentence_experiment", ["--archs", "mtsa_encoder", "mtsa_encoder"], "--archs must not repeat"),
     ("sentence_experiment", ["--archs", "mtsa_encoder", "--max-update", "0"], "--max-update must be positive"),
     ("sentence_experiment", ["--archs", "mtsa_encoder", "--extra-args", "'"], "--extra-args: No closing quotation"),
     ("train_seeds", ["--seeds", "1", "--save-root", "x", "--extra-args", "'"], "--extra-args: No closing quotation"),

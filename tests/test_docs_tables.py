@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtsa_fairseq.experiments.commands import docs_tables
+from mtsa_fairseq.experiments.sentence import lr_search
 from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,3 +99,32 @@ def test_anchor_table_of_a_cross_validation_uses_the_folds_chosen_numbers():
     chosen = report["cross_validation"]["archs"]["mtsa_encoder"]["chosen"]
     assert f"| 10 | {chosen['mean']:.2f} ± {chosen['std']:.2f} |" in rows[("mtsa_encoder", "chosen on the other folds")]
     assert rows[("mtsa_encoder", "chosen on the other folds")].endswith("| 0.119 | 0.060 |")
+
+
+def _search_run(arch: str, lr: float, curve: list[list[float]], status: str = "done") -> dict:
+    run = {"arch": arch, "lr": lr, "status": status, "dev_curve": curve}
+    return {**run, **lr_search.run_scores(run)}
+
+
+def test_lr_search_rule_skips_nan_stops_and_breaks_ties_by_the_last_validation_then_the_larger_rate():
+    runs = [_search_run("a", 1e-3, [[50, 90.0], [100, 95.0]], status="stopped"),  # best, but stopped: not eligible
+            _search_run("a", 5e-4, [[50, 80.0], [100, 70.0]]),
+            _search_run("a", 1e-4, [[50, 80.0], [100, 75.0]]),  # same best, better last validation
+            _search_run("b", 1e-3, [[50, 60.0], [100, 60.0]]),
+            _search_run("b", 5e-4, [[50, 60.0], [100, 60.0]]),  # a full tie: the larger rate
+            _search_run("c", 1e-3, [], status="stopped")]
+    assert lr_search.choose(runs) == {"a": 1e-4, "b": 1e-3, "c": None}
+    assert (runs[2]["best_dev"], runs[2]["best_dev_update"], runs[2]["last_dev"]) == (80.0, 50, 75.0)
+
+
+def test_search_table_marks_the_chosen_rate_and_the_stops():
+    runs = [_search_run("mtsa_encoder", 1e-3, [[50, 81.0], [100, 84.5], [150, 84.5]]),
+            _search_run("mtsa_encoder", 1e-4, [[50, 70.0]], status="stopped"),
+            {**_search_run("multi_head_encoder", 1e-3, [], status="stopped")}]
+    report = {"metric": "accuracy", "lrs": [1e-3, 1e-4], "runs": runs, "chosen": lr_search.choose(runs)}
+    assert lr_search.search_table(report, {"mtsa_encoder": "MTSA"}) == [
+        "| architecture | lr 0.001: best dev accuracy (update); last | lr 0.0001: best dev accuracy (update); last "
+        "| chosen rate |",
+        "|---|---|---|---|",
+        "| MTSA | **84.50 (100)**; 84.50 | 70.00 (50); stopped (NaN/Inf) after 50 | 0.001 |",
+        "| multi_head_encoder | stopped (NaN/Inf) before its first validation | not run | — |"]

@@ -378,3 +378,42 @@ def test_experiment_refuses_a_bad_option_before_training(trec_data, tmp_path):
         f"'--encoder-hiden-dim' is not a fairseq-train option (arch multi_cnn_encoder, with --user-dir "
         f"{ROOT / 'mtsa_fairseq'})")
     assert not (tmp_path / "exp").exists()  # mtsa_encoder did not train first
+
+
+def test_lr_search_chooses_a_rate_on_dev_keeps_a_nan_stop_and_resumes(trec_data, tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=10) + "  validate-interval-updates: 5\n")
+    out = tmp_path / "search"
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_lr_search.py"), "--config", str(config), "--data",
+           str(trec_data), "--archs", "multi_cnn_encoder", "--lrs", "5e-3", "1e30", "--out", str(out), "--cpu",
+           "--threads", "1"]
+    first = run(*cmd)
+    assert first.stdout.count("training ->") == 2
+    report = json.loads((out / "search.json").read_text())
+    done, stopped = report["runs"]
+    assert (done["lr"], done["status"], stopped["lr"], stopped["status"]) == (0.005, "done", 1e30, "stopped")
+    assert stopped["error"] == "FloatingPointError: gradients are Nan/Inf" and stopped["best_dev"] is None
+    assert [u for u, _ in done["dev_curve"]] == [5, 10] and done["best_dev"] == max(v for _, v in done["dev_curve"])
+    assert done["evaluated"] == done["best_dev"]  # the best-dev checkpoint, evaluated on dev (never on test)
+    assert report["chosen"] == {"multi_cnn_encoder": 0.005} and report["split"] == "valid"
+    result = json.loads((out / "lr-0.005" / "results" / "multi_cnn_encoder_seed1.json").read_text())
+    assert result["split"] == "valid"
+    trained = read_run(out / "lr-0.005" / "runs" / "multi_cnn_encoder" / "seed1", AssertionError)
+    assert trained["command"][-3:] == ["--lr", "0.005", "--cpu"]
+    assert "| multi_cnn_encoder | **" in (out / "search.md").read_text()
+    again = run(*cmd)  # finished runs are read, the NaN stop is not retrained
+    assert "training ->" not in again.stdout and "stopped by fairseq" in again.stdout
+    assert json.loads((out / "search.json").read_text())["runs"] == report["runs"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lrs", "1e-3", "1e-3"], "--lrs must be positive and must not repeat"),
+    (["--lrs", "0"], "--lrs must be positive and must not repeat"),
+    (["--lrs", "1e-3", "--extra-args", "--lr 5e-4"], "--extra-args must not set --lr: the search sets it per run"),
+])
+def test_lr_search_usage_errors(trec_data, tmp_path, args, message):
+    proc = run(sys.executable, str(ROOT / "scripts/sentence_lr_search.py"), "--config",
+               str(ROOT / "configs/sentence/trec-random-init.yaml"), "--data", str(trec_data), "--archs",
+               "mtsa_encoder", "--out", str(tmp_path / "out"), *args, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
+    assert not (tmp_path / "out").exists()

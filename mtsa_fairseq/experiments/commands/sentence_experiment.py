@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from mtsa_fairseq.contracts import read_sentence_manifest
 from mtsa_fairseq.experiments.files import write_atomic, write_json
@@ -34,26 +36,68 @@ from mtsa_fairseq.experiments.sentence.experiment import (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (``--help``)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_training_arguments(parser: argparse.ArgumentParser, out_help: str) -> None:
+    """The options of every command that trains sentence encoders through the experiment's runs."""
     parser.add_argument("--config", type=Path, required=True, help="task config (configs/sentence/<task>.yaml)")
     parser.add_argument("--data", type=Path, required=True, help="directory from scripts/prepare_sentence_data.py")
     parser.add_argument("--archs", nargs="+", required=True, help="architectures (e.g. mtsa_encoder disan_encoder)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per architecture")
-    parser.add_argument("--folds", type=int, nargs="+", help="CV data: folds to run (default: all)")
-    parser.add_argument("--out", type=Path, required=True, help="output directory (runs/, results/, report.*)")
-    parser.add_argument("--reference", help="architecture tested against the others (default: the first)")
+    parser.add_argument("--out", type=Path, required=True, help=out_help)
     parser.add_argument("--max-update", type=int, help="update budget per run (default: the config's)")
-    parser.add_argument("--split", choices=("test", "valid"),
-                        help="split the best-dev checkpoint is evaluated on (default: test; CV data: the held-out "
-                             "fold); valid keeps a protocol search off the test data")
     parser.add_argument("--cpu", action="store_true", help="train on CPU")
     parser.add_argument("--threads", type=int, help="OMP/MKL threads per training process")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default: 1)")
     parser.add_argument("--extra-args", default="",
                         help='more fairseq-train options, e.g. "--embedding-path glove.6B.300d.txt"')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_training_arguments(parser, "output directory (runs/, results/, report.*)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per architecture")
+    parser.add_argument("--folds", type=int, nargs="+", help="CV data: folds to run (default: all)")
+    parser.add_argument("--reference", help="architecture tested against the others (default: the first)")
+    parser.add_argument("--split", choices=("test", "valid"),
+                        help="split the best-dev checkpoint is evaluated on (default: test; CV data: the held-out "
+                             "fold); valid keeps a protocol search off the test data")
     return parser
+
+
+def load_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[TaskConfig, dict, list[str]]:
+    """The task config, the data's manifest and the --extra-args tokens of :func:`add_training_arguments`'s
+    options, checked before anything trains (usage errors exit 2; an unreadable file or an option fairseq-train
+    refuses exits 1)."""
+    if len(set(args.archs)) != len(args.archs):
+        parser.error("--archs must not repeat")
+    if args.max_update is not None and args.max_update <= 0:
+        parser.error("--max-update must be positive")
+    try:
+        extra = shlex.split(args.extra_args)
+    except ValueError as exc:
+        parser.error(f"--extra-args: {exc}")
+    try:
+        config = load_task_config(args.config)
+        manifest = read_sentence_manifest(args.data)
+    except (ExperimentError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    if manifest["dataset"] != config.dataset:
+        parser.error(f"{args.data} holds {manifest['dataset']!r} but {args.config} is for {config.dataset!r}")
+    _check_archs(parser, args.archs)
+    try:
+        check_options(config, args.archs, args.data.resolve(), extra)
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
+    return config, manifest, extra
+
+
+def train_all(jobs: int, one: Callable[[Any], Any], runs: list) -> list:
+    """``one(run)`` for every run, ``jobs`` at a time, in order; Ctrl-C or a kill stops every run's trainer."""
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        try:
+            return list(pool.map(one, runs))
+        except BaseException:
+            stop_children()  # Ctrl-C or kill: the runs of the other threads stop too
+            raise
 
 
 def _check_archs(parser: argparse.ArgumentParser, archs: list[str]) -> None:
@@ -98,39 +142,17 @@ def _write_report(config: TaskConfig, results: list[dict], args: argparse.Namesp
 def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    if len(set(args.archs)) != len(args.archs) or len(set(args.seeds)) != len(args.seeds):
-        parser.error("--archs and --seeds must not repeat")
-    if args.max_update is not None and args.max_update <= 0:
-        parser.error("--max-update must be positive")
-    try:
-        extra = shlex.split(args.extra_args)
-    except ValueError as exc:
-        parser.error(f"--extra-args: {exc}")
-    try:
-        config = load_task_config(args.config)
-        manifest = read_sentence_manifest(args.data)
-    except (ExperimentError, ValueError) as exc:
-        sys.exit(f"error: {exc}")
-    if manifest["dataset"] != config.dataset:
-        parser.error(f"{args.data} holds {manifest['dataset']!r} but {args.config} is for {config.dataset!r}")
-    _check_archs(parser, args.archs)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error("--seeds must not repeat")
+    config, manifest, extra = load_training(parser, args)
     folds = _folds(parser, args, manifest)
     out, data = args.out.resolve(), args.data.resolve()
-    try:
-        check_options(config, args.archs, data, extra)
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
 
     def one(run):
         return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)
 
     try:
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            try:
-                results = list(pool.map(one, plan_runs(args.archs, args.seeds, folds)))
-            except BaseException:
-                stop_children()  # Ctrl-C or kill: the runs of the other threads stop too
-                raise
+        results = train_all(args.jobs, one, plan_runs(args.archs, args.seeds, folds))
     except ExperimentError as exc:
         sys.exit(f"error: {exc}")
     _write_report(config, results, args, folds, out)

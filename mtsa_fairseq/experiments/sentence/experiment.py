@@ -378,7 +378,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _fmt(metric: str) -> str:
+def metric_format(metric: str) -> str:
     return ".2f" if metric == "accuracy" else ".4f"
 
 
@@ -388,7 +388,7 @@ def _p(p: float) -> str:
 
 def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """Per architecture: the metric per seed, mean ± sd, and Welch's t-test of the reference against it."""
-    metric, ref, f, name = summary["metric"], summary["reference"], _fmt(summary["metric"]), names or {}
+    metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
     lines = [f"| architecture | seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | p (two-sided) | "
              f"p ({ref} > it) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -409,7 +409,7 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None) 
 
 def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """Per architecture: best, chosen and last held-out metric (mean ± sd over runs) and the paired tests."""
-    cv, ref, f, name = summary["cross_validation"], summary["reference"], _fmt(summary["metric"]), names or {}
+    cv, ref, f, name = summary["cross_validation"], summary["reference"], metric_format(summary["metric"]), names or {}
     lines = [f"| architecture | runs | best | chosen | last | {name.get(ref, ref)} − it, best (p) | chosen (p) | "
              "last (p) |", "|---|---|---|---|---|---|---|---|"]
     for arch, row in cv["archs"].items():
@@ -437,7 +437,7 @@ def runs_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> 
     """One row per run (architectures in the summary's order, then seeds): the tested checkpoint's metric, its
     update and dev metric as the run's record holds them (fairseq keeps the later of equally good
     checkpoints, so the first update that reached that dev value is shown beside it), and the last validation."""
-    metric, f, name = summary["metric"], _fmt(summary["metric"]), names or {}
+    metric, f, name = summary["metric"], metric_format(summary["metric"]), names or {}
     split = summary.get("split", "test")
     lines = [f"| architecture | seed | {split} {metric} | tested checkpoint: update | its dev {metric} | "
              f"first update with that dev {metric} | last validation: update | dev {metric} there |",
@@ -484,7 +484,7 @@ def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
                 archs: list[str] | None = None) -> list[str]:
     """One row per (seed, fold), per architecture (all, or ``archs``) its held-out metric: best (the tested
     checkpoint's, with its update), chosen (with the update the other folds chose) and last."""
-    f, name = _fmt(summary["metric"]), names or {}
+    f, name = metric_format(summary["metric"]), names or {}
     numbers = {arch: held_out_numbers(summary, runs) for arch, runs in _runs_by_arch(summary, archs).items()}
     seeds = {seed for runs in numbers.values() for seed, _ in runs}
     head = ["seed", "fold"] if len(seeds) > 1 else ["fold"]
@@ -514,7 +514,7 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
     the per-seed metric of a fixed split, or per fold the three held-out numbers of a cross-validation."""
     from scipy import stats
 
-    f, name = _fmt(summary["metric"]), names or {}
+    f, name = metric_format(summary["metric"]), names or {}
     samples: list[tuple[str, str, list[float]]] = []
     if "cross_validation" in summary:
         for arch, runs in _runs_by_arch(summary).items():
@@ -537,10 +537,6 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
             cells += f" | {test.statistic:.2f} | {_p(test.pvalue)} | {_p(greater)}"
         lines.append(f"| {name.get(arch, arch)} | {title} | {len(values)} | {cells} |")
     return lines
-
-
-TABLES = {"summary": summary_table, "cv": cross_validation_table, "runs": runs_table, "folds": folds_table,
-          "anchor": anchor_table}
 
 
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Path) -> None:

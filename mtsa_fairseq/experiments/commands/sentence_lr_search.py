@@ -1,0 +1,68 @@
+"""Choose each sentence encoder's learning rate on dev data: every architecture at every rate of a grid, one
+seed, the best-dev checkpoint evaluated on dev only (test is never read), and one rule for all.
+
+  mtsa-sentence-lr-search --config configs/sentence/trec-random-init.yaml --data data/trec \\
+      --archs mtsa_encoder disan_encoder fast_disa_encoder multi_head_encoder bilstm_encoder \\
+      --lrs 1e-3 5e-4 3e-4 1e-4 --out runs/trec-lr-search --cpu --threads 1
+
+Rule: each architecture takes the rate with the highest best-dev metric among the rates it trained through
+without a NaN/Inf stop; ties go to the higher dev metric at the last validation, then to the larger rate.
+Run (arch, rate) is what ``mtsa-sentence-experiment --out OUT/lr-<rate> --split valid --extra-args "--lr <rate>"``
+trains, architectures outermost. Rerunning the command skips finished runs, resumes interrupted ones (a run
+fairseq stopped with NaN/Inf gradients stays stopped) and rewrites OUT/search.json and OUT/search.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mtsa_fairseq.experiments.commands.sentence_experiment import add_training_arguments, load_training, train_all
+from mtsa_fairseq.experiments.files import write_atomic, write_json
+from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.sentence.experiment import ExperimentError
+from mtsa_fairseq.experiments.sentence.lr_search import search_markdown, search_one, search_report, search_runs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--help``)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_training_arguments(parser, "output directory (lr-<rate>/ per rate, search.json, search.md)")
+    parser.add_argument("--lrs", type=float, nargs="+", required=True, help="learning rates to try (e.g. 1e-3 5e-4)")
+    parser.add_argument("--seed", type=int, default=1, help="the one seed of every run (default: 1)")
+    return parser
+
+
+def _main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    if len(set(args.lrs)) != len(args.lrs) or min(args.lrs) <= 0:
+        parser.error("--lrs must be positive and must not repeat")
+    if any(token == "--lr" or token.startswith("--lr=") for token in args.extra_args.split()):
+        parser.error("--extra-args must not set --lr: the search sets it per run")
+    config, manifest, extra = load_training(parser, args)
+    if manifest.get("num_folds"):
+        parser.error(f"{args.data} is cross-validation data; a learning-rate search needs a fixed dev set")
+    out, data = args.out.resolve(), args.data.resolve()
+
+    def one(item):
+        run, lr = item
+        return search_one(config, run, lr, data, out, args.max_update, extra, args.threads, args.cpu)
+
+    try:
+        rows = train_all(args.jobs, one, search_runs(args.archs, args.lrs, args.seed))
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
+    report = search_report(config, rows, args.lrs, args.seed)
+    write_json(out / "search.json", report)
+    write_atomic(out / "search.md", search_markdown(report))
+    print(search_markdown(report))
+
+
+def main() -> None:
+    """The command: SIGTERM and Ctrl-C stop it after its children, with one line (exit 143 / 130)."""
+    run_command(_main)
+
+
+if __name__ == "__main__":
+    main()

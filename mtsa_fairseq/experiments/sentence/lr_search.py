@@ -1,0 +1,147 @@
+"""A learning-rate search on dev data: every architecture at every rate of a grid (one seed, a fixed split), the
+best-dev checkpoint evaluated on dev only, and one rule that picks each architecture's rate.
+
+Run ``(arch, rate)`` is the sentence experiment's run ``OUT/lr-<rate>/runs/<arch>/seed<k>`` trained with
+``--lr <rate>`` (what ``mtsa-sentence-experiment --out OUT/lr-<rate> --split valid --extra-args "--lr <rate>"``
+trains). A run that fairseq stops with NaN/Inf gradients (``FloatingPointError``) is recorded as stopped and not
+retrained; its dev curve up to the stop is kept.
+
+**Rule** (:func:`choose`): an architecture takes the rate whose run reached the highest dev metric at any
+validation (its best-dev checkpoint, the one the protocol tests) among the rates it trained through without
+stopping; ties go to the higher dev metric at the last validation, then to the larger rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.experiments.sentence.experiment import (
+    ExperimentError,
+    Run,
+    TaskConfig,
+    dev_curve,
+    metric_format,
+    run_one,
+)
+
+SCHEMA = "mtsa-fairseq/sentence-lr-search/1"
+RULE = ("each architecture takes the rate with the highest best-dev {metric} among the rates it trained through "
+        "without a NaN/Inf stop; ties: the higher dev {metric} at the last validation, then the larger rate")
+STOPPED = "FloatingPointError"  # fairseq-train's NaN/Inf gradient stop
+
+
+def rate_name(lr: float) -> str:
+    """The rate as its directory names it (``lr-0.0005``)."""
+    return f"lr-{lr!r}"
+
+
+def search_runs(archs: list[str], lrs: list[float], seed: int) -> list[tuple[Run, float]]:
+    """Every (architecture, rate) run, architectures outermost (in the given order), so that a search stopped
+    part-way holds whole architectures."""
+    return [(Run(arch, seed, None), lr) for arch in archs for lr in lrs]
+
+
+def _stopped_by_nan(run_dir: Path) -> str | None:
+    """fairseq's error line for a run it stopped with NaN/Inf gradients (None for any other state)."""
+    record = read_run(run_dir, ExperimentError) if (run_dir / "run.json").is_file() else None
+    if record is None or record.get("status") != "failed":
+        return None
+    session = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace").split("\n$ ")[-1]
+    errors = [line.strip() for line in session.splitlines() if line.startswith(STOPPED)]
+    return errors[-1] if errors else None
+
+
+def search_one(config: TaskConfig, run: Run, lr: float, data: Path, out: Path, max_update: int | None,
+               extra: list[str], threads: int | None, cpu: bool,
+               log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train (or resume, or read) one run of the search; returns its row of the search report."""
+    rate_out = out / rate_name(lr)
+    run_dir = run.run_dir(rate_out)
+    row: dict[str, Any] = {"arch": run.arch, "lr": lr, "seed": run.seed, "run_dir": str(run_dir.relative_to(out))}
+    error = _stopped_by_nan(run_dir)
+    if error is None:
+        try:
+            result = run_one(config, run, data, rate_out, max_update, [*extra, "--lr", repr(lr)], threads, cpu,
+                             log=log, split="valid")
+        except ExperimentError:
+            error = _stopped_by_nan(run_dir)
+            if error is None:
+                raise
+        else:
+            row.update(status="done", dev_curve=result["dev_curve"], evaluated=result["metrics"][config.metric],
+                       best_checkpoint_updates=result["num_updates"], max_update=result["max_update"],
+                       train_seconds=result["train_seconds"])
+            return row
+    (log or print)(f"[lr-search] {run.arch} lr {lr!r}: stopped by fairseq ({error}); delete {run_dir} to retrain")
+    curve = dev_curve((run_dir / "train.log").read_text(encoding="utf-8", errors="replace"), config.metric)
+    record = read_run(run_dir, ExperimentError)
+    row.update(status="stopped", error=error, dev_curve=curve, evaluated=None, best_checkpoint_updates=None,
+               max_update=record.get("max_update"), train_seconds=record.get("wall_seconds"))
+    return row
+
+
+def run_scores(row: dict[str, Any]) -> dict[str, Any]:
+    """A run's best dev value, the first update that reached it, and its last validation."""
+    curve = row["dev_curve"]
+    if not curve:
+        return {"best_dev": None, "best_dev_update": None, "last_update": None, "last_dev": None}
+    best = max(v for _, v in curve)
+    return {"best_dev": best, "best_dev_update": min(int(u) for u, v in curve if v == best),
+            "last_update": int(curve[-1][0]), "last_dev": curve[-1][1]}
+
+
+def choose(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per architecture the rate the rule picks (module docstring), None if no rate trained through."""
+    chosen: dict[str, float | None] = {}
+    for arch in dict.fromkeys(row["arch"] for row in rows):
+        eligible = [r for r in rows if r["arch"] == arch and r["status"] == "done" and r["best_dev"] is not None]
+        best = max(eligible, key=lambda r: (r["best_dev"], r["last_dev"], r["lr"]), default=None)
+        chosen[arch] = None if best is None else best["lr"]
+    return chosen
+
+
+def search_report(config: TaskConfig, rows: list[dict[str, Any]], lrs: list[float], seed: int) -> dict[str, Any]:
+    """The search as JSON: every run with its scores, the rule and each architecture's chosen rate."""
+    runs = [{**row, **run_scores(row)} for row in rows]
+    return {"schema": SCHEMA, "experiment": config.name, "dataset": config.dataset, "metric": config.metric,
+            "split": "valid", "seed": seed, "lrs": lrs, "rule": RULE.format(metric=config.metric),
+            "runs": runs, "chosen": choose(runs)}
+
+
+def search_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """One row per architecture: at every rate the best dev metric with the first update that reached it (the
+    chosen rate's in bold, a stopped run marked), the last validation, and the chosen rate."""
+    f, name, metric = metric_format(report["metric"]), names or {}, report["metric"]
+    lrs = report["lrs"]
+    lines = ["| architecture | " + " | ".join(f"lr {lr:g}: best dev {metric} (update); last" for lr in lrs) +
+             " | chosen rate |", "|---|" + "---|" * len(lrs) + "---|"]
+    by_arch: dict[str, dict[float, dict[str, Any]]] = {}
+    for run in report["runs"]:
+        by_arch.setdefault(run["arch"], {})[run["lr"]] = run
+    for arch, runs in by_arch.items():
+        chosen = report["chosen"].get(arch)
+        cells = []
+        for lr in lrs:
+            run = runs.get(lr)
+            if run is None or run["best_dev"] is None:
+                cells.append("not run" if run is None else "stopped (NaN/Inf) before its first validation")
+                continue
+            best = f"{run['best_dev']:{f}} ({run['best_dev_update']:,})"
+            cell = f"**{best}**" if lr == chosen else best
+            if run["status"] == "stopped":
+                cell += f"; stopped (NaN/Inf) after {run['last_update']:,}"
+            else:
+                cell += f"; {run['last_dev']:{f}}"
+            cells.append(cell)
+        shown = "—" if chosen is None else f"{chosen:g}"
+        lines.append(f"| {name.get(arch, arch)} | " + " | ".join(cells) + f" | {shown} |")
+    return lines
+
+
+def search_markdown(report: dict[str, Any]) -> str:
+    """The search report as Markdown."""
+    return "\n".join([f"### {report['experiment']}: learning-rate search on dev (seed {report['seed']})", "",
+                      f"Rule: {report['rule']}.", "", *search_table(report)]) + "\n"

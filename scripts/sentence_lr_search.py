@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""``mtsa-sentence-lr-search`` from a clone; the command itself is
+mtsa_fairseq/experiments/commands/sentence_lr_search.py."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtsa_fairseq.experiments.commands.sentence_lr_search import main  # noqa: E402
+
+if __name__ == "__main__":
+    main()

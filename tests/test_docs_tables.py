@@ -113,7 +113,9 @@ def test_lr_search_rule_skips_nan_stops_and_breaks_ties_by_the_last_validation_t
             _search_run("b", 1e-3, [[50, 60.0], [100, 60.0]]),
             _search_run("b", 5e-4, [[50, 60.0], [100, 60.0]]),  # a full tie: the larger rate
             _search_run("c", 1e-3, [], status="stopped")]
-    assert lr_search.choose(runs) == {"a": 1e-4, "b": 1e-3, "c": None}
+    assert lr_search.choose(runs, [1e-3, 5e-4, 1e-4]) == {"a": 1e-4}  # b and c have rates still to finish
+    assert lr_search.choose(runs[3:5], [1e-3, 5e-4]) == {"b": 1e-3}
+    assert lr_search.choose(runs[5:], [1e-3]) == {"c": None}
     assert (runs[2]["best_dev"], runs[2]["best_dev_update"], runs[2]["last_dev"]) == (80.0, 50, 75.0)
 
 
@@ -121,10 +123,14 @@ def test_search_table_marks_the_chosen_rate_and_the_stops():
     runs = [_search_run("mtsa_encoder", 1e-3, [[50, 81.0], [100, 84.5], [150, 84.5]]),
             _search_run("mtsa_encoder", 1e-4, [[50, 70.0]], status="stopped"),
             {**_search_run("multi_head_encoder", 1e-3, [], status="stopped")}]
-    report = {"metric": "accuracy", "lrs": [1e-3, 1e-4], "runs": runs, "chosen": lr_search.choose(runs)}
+    archs = ["mtsa_encoder", "multi_head_encoder", "bilstm_encoder"]
+    chosen = lr_search.choose(runs, [1e-3, 1e-4])
+    report = {"metric": "accuracy", "archs": archs, "lrs": [1e-3, 1e-4], "runs": runs, "chosen": chosen,
+              "pending": [arch for arch in archs if arch not in chosen]}
     assert lr_search.search_table(report, {"mtsa_encoder": "MTSA"}) == [
         "| architecture | lr 0.001: best dev accuracy (update); last | lr 0.0001: best dev accuracy (update); last "
         "| chosen rate |",
         "|---|---|---|---|",
         "| MTSA | **84.50 (100)**; 84.50 | 70.00 (50); stopped (NaN/Inf) after 50 | 0.001 |",
-        "| multi_head_encoder | stopped (NaN/Inf) before its first validation | not run | — |"]
+        "| multi_head_encoder | stopped (NaN/Inf) before its first validation | not run | pending |",
+        "| bilstm_encoder | not run | not run | pending |"]

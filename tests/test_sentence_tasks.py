@@ -387,6 +387,8 @@ def test_lr_search_chooses_a_rate_on_dev_keeps_a_nan_stop_and_resumes(trec_data,
     cmd = [sys.executable, str(ROOT / "scripts/sentence_lr_search.py"), "--config", str(config), "--data",
            str(trec_data), "--archs", "multi_cnn_encoder", "--lrs", "5e-3", "1e30", "--out", str(out), "--cpu",
            "--threads", "1"]
+    early = run(*cmd, "--report-only", check=False)
+    assert early.returncode == 1 and early.stderr.strip().endswith("does not exist (start the search first)")
     first = run(*cmd)
     assert first.stdout.count("training ->") == 2
     report = json.loads((out / "search.json").read_text())
@@ -404,6 +406,12 @@ def test_lr_search_chooses_a_rate_on_dev_keeps_a_nan_stop_and_resumes(trec_data,
     again = run(*cmd)  # finished runs are read, the NaN stop is not retrained
     assert "training ->" not in again.stdout and "stopped by fairseq" in again.stdout
     assert json.loads((out / "search.json").read_text())["runs"] == report["runs"]
+    more = [*cmd[:cmd.index("--lrs") + 1], "5e-3", "1e30", "2e-3", *cmd[cmd.index("--out"):]]
+    interim = run(*more, "--report-only")  # 2e-3 not trained yet
+    assert "training ->" not in interim.stdout and "Still to finish: multi_cnn_encoder." in interim.stdout
+    partial = json.loads((out / "search-interim.json").read_text())
+    assert partial["runs"] == report["runs"] and partial["chosen"] == {} and partial["pending"] == ["multi_cnn_encoder"]
+    assert json.loads((out / "search.json").read_text()) == report  # the search's own report is not touched
 
 
 @pytest.mark.parametrize("args, message", [

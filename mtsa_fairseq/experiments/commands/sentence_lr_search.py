@@ -9,19 +9,28 @@ Rule: each architecture takes the rate with the highest best-dev metric among th
 without a NaN/Inf stop; ties go to the higher dev metric at the last validation, then to the larger rate.
 Run (arch, rate) is what ``mtsa-sentence-experiment --out OUT/lr-<rate> --split valid --extra-args "--lr <rate>"``
 trains, architectures outermost. Rerunning the command skips finished runs, resumes interrupted ones (a run
-fairseq stopped with NaN/Inf gradients stays stopped) and rewrites OUT/search.json and OUT/search.md.
+fairseq stopped with NaN/Inf gradients stays stopped) and rewrites OUT/search.json and OUT/search.md. While it
+trains, the same command with ``--report-only`` writes OUT/search-interim.json and .md from the runs finished so
+far (an architecture's rate is chosen once all its rates have finished).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from mtsa_fairseq.experiments.commands.sentence_experiment import add_training_arguments, load_training, train_all
 from mtsa_fairseq.experiments.files import write_atomic, write_json
-from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.sentence.experiment import ExperimentError
-from mtsa_fairseq.experiments.sentence.lr_search import search_markdown, search_one, search_report, search_runs
+from mtsa_fairseq.experiments.processes import LockBusy, RunLock, run_command
+from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, TaskConfig
+from mtsa_fairseq.experiments.sentence.lr_search import (
+    read_one,
+    search_markdown,
+    search_one,
+    search_report,
+    search_runs,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +39,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_arguments(parser, "output directory (lr-<rate>/ per rate, search.json, search.md)")
     parser.add_argument("--lrs", type=float, nargs="+", required=True, help="learning rates to try (e.g. 1e-3 5e-4)")
     parser.add_argument("--seed", type=int, default=1, help="the one seed of every run (default: 1)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: write OUT/search-interim.json and .md from the runs finished so far")
     return parser
+
+
+def _write(report: dict, out: Path, stem: str) -> None:
+    write_json(out / f"{stem}.json", report)
+    write_atomic(out / f"{stem}.md", search_markdown(report))
+    print(search_markdown(report))
+
+
+def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> None:
+    if not out.is_dir():
+        sys.exit(f"error: {out} does not exist (start the search first)")
+    try:
+        lock = RunLock(out / ".search-interim.lock", f"output {out / 'search-interim.json'}", "report").acquire()
+    except LockBusy as err:
+        sys.exit(f"error: {err}")
+    with lock:
+        try:
+            rows = [read_one(config, run, lr, out, args.max_update) for run, lr in
+                    search_runs(args.archs, args.lrs, args.seed)]
+        except ExperimentError as exc:
+            sys.exit(f"error: {exc}")
+        _write(search_report(config, [r for r in rows if r is not None], args.archs, args.lrs, args.seed), out,
+               "search-interim")
 
 
 def _main() -> None:
@@ -44,6 +78,9 @@ def _main() -> None:
     if manifest.get("num_folds"):
         parser.error(f"{args.data} is cross-validation data; a learning-rate search needs a fixed dev set")
     out, data = args.out.resolve(), args.data.resolve()
+    if args.report_only:
+        _report_only(config, args, out)
+        return
 
     def one(item):
         run, lr = item
@@ -53,10 +90,7 @@ def _main() -> None:
         rows = train_all(args.jobs, one, search_runs(args.archs, args.lrs, args.seed))
     except ExperimentError as exc:
         sys.exit(f"error: {exc}")
-    report = search_report(config, rows, args.lrs, args.seed)
-    write_json(out / "search.json", report)
-    write_atomic(out / "search.md", search_markdown(report))
-    print(search_markdown(report))
+    _write(search_report(config, rows, args.archs, args.lrs, args.seed), out, "search")
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, read_json, read_run
 from mtsa_fairseq.experiments.sentence.experiment import (
     ExperimentError,
     Run,
@@ -54,13 +54,31 @@ def _stopped_by_nan(run_dir: Path) -> str | None:
     return errors[-1] if errors else None
 
 
+def _row(run: Run, lr: float, out: Path) -> dict[str, Any]:
+    return {"arch": run.arch, "lr": lr, "seed": run.seed,
+            "run_dir": str(run.run_dir(out / rate_name(lr)).relative_to(out))}
+
+
+def _done(row: dict[str, Any], result: dict[str, Any], metric: str) -> dict[str, Any]:
+    return {**row, "status": "done", "dev_curve": result["dev_curve"], "evaluated": result["metrics"][metric],
+            "best_checkpoint_updates": result["num_updates"], "max_update": result["max_update"],
+            "train_seconds": result["train_seconds"]}
+
+
+def _stopped(row: dict[str, Any], run_dir: Path, error: str, metric: str) -> dict[str, Any]:
+    curve = dev_curve((run_dir / "train.log").read_text(encoding="utf-8", errors="replace"), metric)
+    record = read_run(run_dir, ExperimentError)
+    return {**row, "status": "stopped", "error": error, "dev_curve": curve, "evaluated": None,
+            "best_checkpoint_updates": None, "max_update": record.get("max_update"),
+            "train_seconds": record.get("wall_seconds")}
+
+
 def search_one(config: TaskConfig, run: Run, lr: float, data: Path, out: Path, max_update: int | None,
                extra: list[str], threads: int | None, cpu: bool,
                log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train (or resume, or read) one run of the search; returns its row of the search report."""
     rate_out = out / rate_name(lr)
     run_dir = run.run_dir(rate_out)
-    row: dict[str, Any] = {"arch": run.arch, "lr": lr, "seed": run.seed, "run_dir": str(run_dir.relative_to(out))}
     error = _stopped_by_nan(run_dir)
     if error is None:
         try:
@@ -71,16 +89,23 @@ def search_one(config: TaskConfig, run: Run, lr: float, data: Path, out: Path, m
             if error is None:
                 raise
         else:
-            row.update(status="done", dev_curve=result["dev_curve"], evaluated=result["metrics"][config.metric],
-                       best_checkpoint_updates=result["num_updates"], max_update=result["max_update"],
-                       train_seconds=result["train_seconds"])
-            return row
+            return _done(_row(run, lr, out), result, config.metric)
     (log or print)(f"[lr-search] {run.arch} lr {lr!r}: stopped by fairseq ({error}); delete {run_dir} to retrain")
-    curve = dev_curve((run_dir / "train.log").read_text(encoding="utf-8", errors="replace"), config.metric)
-    record = read_run(run_dir, ExperimentError)
-    row.update(status="stopped", error=error, dev_curve=curve, evaluated=None, best_checkpoint_updates=None,
-               max_update=record.get("max_update"), train_seconds=record.get("wall_seconds"))
-    return row
+    return _stopped(_row(run, lr, out), run_dir, error, config.metric)
+
+
+def read_one(config: TaskConfig, run: Run, lr: float, out: Path, max_update: int | None) -> dict[str, Any] | None:
+    """One run's row as far as it has finished, without training: done (its result at the budget), stopped by
+    NaN/Inf, or None (not started, training, or interrupted)."""
+    rate_out = out / rate_name(lr)
+    budget = max_update if max_update is not None else config.options(run.arch)["max-update"]
+    result_path = run.result_path(rate_out)
+    if result_path.is_file():
+        result = read_json(result_path, SENTENCE_RESULT_SCHEMA, "result file", ExperimentError)
+        if result.get("max_update") == budget:
+            return _done(_row(run, lr, out), result, config.metric)
+    error = _stopped_by_nan(run.run_dir(rate_out))
+    return None if error is None else _stopped(_row(run, lr, out), run.run_dir(rate_out), error, config.metric)
 
 
 def run_scores(row: dict[str, Any]) -> dict[str, Any]:
@@ -93,22 +118,28 @@ def run_scores(row: dict[str, Any]) -> dict[str, Any]:
             "last_update": int(curve[-1][0]), "last_dev": curve[-1][1]}
 
 
-def choose(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Per architecture the rate the rule picks (module docstring), None if no rate trained through."""
+def choose(rows: list[dict[str, Any]], lrs: list[float]) -> dict[str, float | None]:
+    """Per architecture whose every rate has finished the rate the rule picks (module docstring), None if no
+    rate trained through; architectures with a rate still to finish are left out."""
     chosen: dict[str, float | None] = {}
     for arch in dict.fromkeys(row["arch"] for row in rows):
+        if {r["lr"] for r in rows if r["arch"] == arch} != set(lrs):
+            continue
         eligible = [r for r in rows if r["arch"] == arch and r["status"] == "done" and r["best_dev"] is not None]
         best = max(eligible, key=lambda r: (r["best_dev"], r["last_dev"], r["lr"]), default=None)
         chosen[arch] = None if best is None else best["lr"]
     return chosen
 
 
-def search_report(config: TaskConfig, rows: list[dict[str, Any]], lrs: list[float], seed: int) -> dict[str, Any]:
-    """The search as JSON: every run with its scores, the rule and each architecture's chosen rate."""
+def search_report(config: TaskConfig, rows: list[dict[str, Any]], archs: list[str], lrs: list[float],
+                  seed: int) -> dict[str, Any]:
+    """The search as JSON: every finished run with its scores, the rule and each architecture's chosen rate
+    (``pending``: the architectures with a rate still to finish)."""
     runs = [{**row, **run_scores(row)} for row in rows]
+    chosen = choose(runs, lrs)
     return {"schema": SCHEMA, "experiment": config.name, "dataset": config.dataset, "metric": config.metric,
-            "split": "valid", "seed": seed, "lrs": lrs, "rule": RULE.format(metric=config.metric),
-            "runs": runs, "chosen": choose(runs)}
+            "split": "valid", "seed": seed, "archs": archs, "lrs": lrs, "rule": RULE.format(metric=config.metric),
+            "runs": runs, "chosen": chosen, "pending": [arch for arch in archs if arch not in chosen]}
 
 
 def search_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
@@ -118,9 +149,9 @@ def search_table(report: dict[str, Any], names: dict[str, str] | None = None) ->
     lrs = report["lrs"]
     lines = ["| architecture | " + " | ".join(f"lr {lr:g}: best dev {metric} (update); last" for lr in lrs) +
              " | chosen rate |", "|---|" + "---|" * len(lrs) + "---|"]
-    by_arch: dict[str, dict[float, dict[str, Any]]] = {}
+    by_arch: dict[str, dict[float, dict[str, Any]]] = {arch: {} for arch in report["archs"]}
     for run in report["runs"]:
-        by_arch.setdefault(run["arch"], {})[run["lr"]] = run
+        by_arch[run["arch"]][run["lr"]] = run
     for arch, runs in by_arch.items():
         chosen = report["chosen"].get(arch)
         cells = []
@@ -136,12 +167,13 @@ def search_table(report: dict[str, Any], names: dict[str, str] | None = None) ->
             else:
                 cell += f"; {run['last_dev']:{f}}"
             cells.append(cell)
-        shown = "—" if chosen is None else f"{chosen:g}"
+        shown = "pending" if arch in report["pending"] else "—" if chosen is None else f"{chosen:g}"
         lines.append(f"| {name.get(arch, arch)} | " + " | ".join(cells) + f" | {shown} |")
     return lines
 
 
 def search_markdown(report: dict[str, Any]) -> str:
     """The search report as Markdown."""
+    pending = f" Still to finish: {', '.join(report['pending'])}." if report["pending"] else ""
     return "\n".join([f"### {report['experiment']}: learning-rate search on dev (seed {report['seed']})", "",
-                      f"Rule: {report['rule']}.", "", *search_table(report)]) + "\n"
+                      f"Rule: {report['rule']}.{pending}", "", *search_table(report)]) + "\n"

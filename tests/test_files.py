@@ -6,7 +6,7 @@ import os
 import pytest
 
 from mtsa_fairseq.experiments import files
-from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.processes import LockBusy, run_command
 from mtsa_fairseq.experiments.runs import record_interrupted, resume_point, write_run
 
 
@@ -72,6 +72,8 @@ def test_resume_point_without_checkpoints_or_with_none_readable(tmp_path):
 @pytest.mark.parametrize("error, line", [
     (OSError(errno.ENOSPC, "No space left on device", "/out/r.json"), "error: No space left on device (/out/r.json)"),
     (PermissionError(errno.EACCES, "Permission denied"), "error: Permission denied"),
+    (LockBusy("output /out/r.json is in use by report pid 7; wait for it to finish or stop it, then rerun"),
+     "error: output /out/r.json is in use by report pid 7; wait for it to finish or stop it, then rerun"),
 ])
 def test_environment_failures_are_one_line_and_status_1(capsys, error, line):
     def main():

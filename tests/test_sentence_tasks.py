@@ -5,6 +5,7 @@ from ../shared/data when it exists)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from process_helpers import trainers_on, wait_for
 
 from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.fairseq_train import options_to_args, parse_fairseq_train
+from mtsa_fairseq.experiments.processes import RunLock
 from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, load_task_config
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
@@ -412,6 +414,11 @@ def test_lr_search_chooses_a_rate_on_dev_keeps_a_nan_stop_and_resumes(trec_data,
     partial = json.loads((out / "search-interim.json").read_text())
     assert partial["runs"] == report["runs"] and partial["chosen"] == {} and partial["pending"] == ["multi_cnn_encoder"]
     assert json.loads((out / "search.json").read_text()) == report  # the search's own report is not touched
+    with RunLock(out / ".search-interim.lock", "x", "report"):  # one writer of the interim report at a time
+        busy = run(*more, "--report-only", check=False)
+    assert busy.returncode == 1 and busy.stderr.strip().splitlines()[-1] == (
+        f"error: output {out / 'search-interim.json'} is in use by report pid {os.getpid()}; wait for it to "
+        "finish or stop it, then rerun")
 
 
 @pytest.mark.parametrize("args, message", [

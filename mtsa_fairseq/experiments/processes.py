@@ -139,10 +139,14 @@ def find_executable(name: str) -> str:
 def run_command(main: Callable[[], None]) -> None:
     """Run a command's ``main`` so that SIGTERM and Ctrl-C stop its children (the handlers on the way out do)
     and end it with one line and the shell's exit status for the signal (143, 130) instead of a traceback;
-    an environment failure (a full disk, a directory that vanished, permissions) is one line and status 1."""
+    an environment failure (a full disk, a directory that vanished, permissions) or an output another process
+    holds (:class:`LockBusy`) is one line and status 1."""
     terminate_on_sigterm()
     try:
         main()
+    except LockBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     except (KeyboardInterrupt, Terminated) as err:
         code = err.exit_code if isinstance(err, Terminated) else 128 + signal.SIGINT
         print("interrupted: rerun the same command to resume", file=sys.stderr)

@@ -47,7 +47,7 @@ from mtsa_fairseq.experiments.checkpoint_average import (
     save_checkpoint,
 )
 from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
-from mtsa_fairseq.experiments.processes import LockBusy, RunLock, run_command
+from mtsa_fairseq.experiments.processes import RunLock, run_command
 from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, run_curve
 
 CONFIGS = {"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml", "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"}
@@ -163,11 +163,7 @@ def interim_curves(out: Path, seeds: list[int]) -> None:
     missing = [str(log) for log in logs if not log.is_file()]
     if missing:
         sys.exit(f"error: no training log {missing[0]} (start the study or the probe first)")
-    try:
-        lock = RunLock(out / ".curves-interim.lock", f"output {out / 'curves-interim.json'}", "curves").acquire()
-    except LockBusy as err:
-        sys.exit(f"error: {err}")
-    with lock:
+    with RunLock(out / ".curves-interim.lock", f"output {out / 'curves-interim.json'}", "curves").acquire():
         runs = write_curves(out, seeds, "Multi30k: validation curves so far", stem="curves-interim")
     print_verdicts(runs)
     print(f"curves so far: {out / 'curves-interim.json'}, {out / 'curves-interim.png'}")

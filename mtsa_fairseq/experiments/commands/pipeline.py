@@ -32,7 +32,6 @@ from mtsa_fairseq.experiments.errors import ConfigError
 from mtsa_fairseq.experiments.files import readable_json
 from mtsa_fairseq.experiments.processes import (
     PROGRESS_PREFIX,
-    LockBusy,
     RunLock,
     run_command,
     run_logged,
@@ -224,11 +223,7 @@ def _main() -> None:
     start = time.time()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = RunLock(args.out / ".lock", f"pipeline output {args.out}", "pipeline").acquire()
-    except LockBusy as err:
-        sys.exit(f"error: {err}")
-    with lock:
+    with RunLock(args.out / ".lock", f"pipeline output {args.out}", "pipeline").acquire():
         run_pipeline(args, start)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments.commands.sentence_experiment import add_training_arguments, load_training, train_all
 from mtsa_fairseq.experiments.files import write_atomic, write_json
-from mtsa_fairseq.experiments.processes import LockBusy, RunLock, run_command
+from mtsa_fairseq.experiments.processes import RunLock, run_command
 from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, TaskConfig
 from mtsa_fairseq.experiments.sentence.lr_search import (
     read_one,
@@ -53,11 +53,7 @@ def _write(report: dict, out: Path, stem: str) -> None:
 def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> None:
     if not out.is_dir():
         sys.exit(f"error: {out} does not exist (start the search first)")
-    try:
-        lock = RunLock(out / ".search-interim.lock", f"output {out / 'search-interim.json'}", "report").acquire()
-    except LockBusy as err:
-        sys.exit(f"error: {err}")
-    with lock:
+    with RunLock(out / ".search-interim.lock", f"output {out / 'search-interim.json'}", "report").acquire():
         try:
             rows = [read_one(config, run, lr, out, args.max_update) for run, lr in
                     search_runs(args.archs, args.lrs, args.seed)]

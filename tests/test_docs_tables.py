@@ -10,16 +10,19 @@ import pytest
 from mtsa_fairseq.experiments.commands import docs_tables
 from mtsa_fairseq.experiments.sentence import lr_search
 from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table
+from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results-sentence.md"
 
 
-def test_the_sentence_results_tables_equal_their_reports():
-    text, changed = docs_tables.render(DOC)
-    assert changed == [], f"run mtsa-docs-tables {DOC.relative_to(ROOT)}: {changed}"
-    assert text == DOC.read_text(encoding="utf-8")
-    assert DOC.read_text(encoding="utf-8").count("<!-- table ") >= 11
+@pytest.mark.parametrize("name, tables", [("results-sentence.md", 12), ("results-multi30k.md", 2)])
+def test_the_results_tables_equal_their_reports(name, tables):
+    doc = ROOT / "docs" / name
+    text, changed = docs_tables.render(doc)
+    assert changed == [], f"run mtsa-docs-tables {doc.relative_to(ROOT)}: {changed}"
+    assert text == doc.read_text(encoding="utf-8")
+    assert doc.read_text(encoding="utf-8").count("<!-- table ") >= tables
 
 
 def _report(tested: int) -> dict:
@@ -134,3 +137,20 @@ def test_search_table_marks_the_chosen_rate_and_the_stops():
         "| MTSA | **84.50 (100)**; 84.50 | 70.00 (50); stopped (NaN/Inf) after 50 | 0.001 |",
         "| multi_head_encoder | stopped (NaN/Inf) before its first validation | not run | pending |",
         "| bilstm_encoder | not run | not run | pending |"]
+
+
+def test_curves_and_plateau_tables_of_a_curves_report():
+    curve = [{"update": 100, "loss": 5.0, "bleu": 10.0}, {"update": 200, "loss": 4.5, "bleu": 20.0},
+             {"update": 300, "loss": 4.25, "bleu": 20.1}, {"update": 400, "loss": 4.0, "bleu": 20.2}]
+    report = {"runs": {"Transformer seed 1": {"curve": curve, "plateau": plateau(curve)},
+                       "MTSA seed 1": {"curve": curve[:1], "plateau": plateau(curve[:1])}}}
+    assert curves_table(report, {"Transformer seed 1": "Transformer", "MTSA seed 1": "MTSA"}) == [
+        "| update | Transformer valid BLEU | MTSA valid BLEU | Transformer valid loss | MTSA valid loss |",
+        "|---:|---:|---:|---:|---:|",
+        "| 100 | 10.00 | 10.00 | 5.000 | 5.000 |",
+        "| 200 | 20.00 | — | 4.500 | — |",
+        "| 300 | 20.10 | — | 4.250 | — |",
+        "| 400 | 20.20 | — | 4.000 | — |"]
+    assert plateau_table(report)[2:] == [  # U = 400: best up to 300 is 20.1, after it 20.2
+        "| Transformer seed 1 | 400 | 20.10 | 20.20 | +0.10 | yes |",
+        "| MTSA seed 1 | 100 | — | — | — | no (too few validations) |"]

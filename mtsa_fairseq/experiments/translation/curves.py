@@ -58,6 +58,38 @@ def plateau(curve: list[dict[str, float]]) -> dict[str, Any]:
             "plateaued": gain < PLATEAU_GAIN}
 
 
+def curves_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """A curves report (``{"runs": {label: {"curve": [...]}}}``) as one row per validated update: every run's
+    validation BLEU, then every run's validation loss (— where a run has not validated that update)."""
+    name = names or {}
+    runs = {name.get(label, label): {p["update"]: p for p in run["curve"]} for label, run in report["runs"].items()}
+    lines = ["| update | " + " | ".join(f"{label} valid BLEU" for label in runs) + " | " +
+             " | ".join(f"{label} valid loss" for label in runs) + " |", "|---:|" + "---:|" * (2 * len(runs))]
+    for update in sorted(set().union(*runs.values())):
+        points = [curve.get(update, {}) for curve in runs.values()]
+        cells = [f"{p['bleu']:.2f}" if "bleu" in p else "—" for p in points]
+        cells += [f"{p['loss']:.3f}" if "loss" in p else "—" for p in points]
+        lines.append(f"| {update:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plateau_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """Per run of a curves report the budget rule at its last validation (:func:`plateau`)."""
+    name = names or {}
+    lines = [f"| run | last validation U | best BLEU up to {PLATEAU_FRACTION} U | best after | gain | "
+             f"on a plateau (gain < {PLATEAU_GAIN}) |", "|---|---:|---:|---:|---:|---|"]
+    for label, run in report["runs"].items():
+        verdict = run["plateau"]
+        if verdict["gain"] is None:
+            cells = "— | — | — | no (too few validations)"
+        else:
+            cells = (f"{verdict['best_before']:.2f} | {verdict['best_after']:.2f} | {verdict['gain']:+.2f} | "
+                     f"{'yes' if verdict['plateaued'] else 'not yet'}")
+        last = "—" if verdict["last_update"] is None else f"{verdict['last_update']:,}"
+        lines.append(f"| {name.get(label, label)} | {last} | {cells} |")
+    return lines
+
+
 def plot_curves(runs: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
     """Validation BLEU and loss against updates, one line per run (``runs``: label -> curve), one PNG."""
     import logging

@@ -414,6 +414,10 @@ def test_lr_search_chooses_a_rate_on_dev_keeps_a_nan_stop_and_resumes(trec_data,
     partial = json.loads((out / "search-interim.json").read_text())
     assert partial["runs"] == report["runs"] and partial["chosen"] == {} and partial["pending"] == ["multi_cnn_encoder"]
     assert json.loads((out / "search.json").read_text()) == report  # the search's own report is not touched
+    with RunLock(out / ".search.lock", "x", "search"):  # one search per output directory
+        second = run(*cmd, check=False)
+    assert second.returncode == 1 and second.stderr.strip().splitlines()[-1] == (
+        f"error: search {out} is in use by search pid {os.getpid()}; wait for it to finish or stop it, then rerun")
     with RunLock(out / ".search-interim.lock", "x", "report"):  # one writer of the interim report at a time
         busy = run(*more, "--report-only", check=False)
     assert busy.returncode == 1 and busy.stderr.strip().splitlines()[-1] == (

@@ -9,7 +9,8 @@ Rule: each architecture takes the rate with the highest best-dev metric among th
 without a NaN/Inf stop; ties go to the higher dev metric at the last validation, then to the larger rate.
 Run (arch, rate) is what ``mtsa-sentence-experiment --out OUT/lr-<rate> --split valid --extra-args "--lr <rate>"``
 trains, architectures outermost. Rerunning the command skips finished runs, resumes interrupted ones (a run
-fairseq stopped with NaN/Inf gradients stays stopped) and rewrites OUT/search.json and OUT/search.md. While it
+fairseq stopped with NaN/Inf gradients stays stopped) and rewrites OUT/search.json and OUT/search.md; a second
+search on the same OUT is refused while the first runs (use --jobs to train runs side by side). While it
 trains, the same command with ``--report-only`` writes OUT/search-interim.json and .md from the runs finished so
 far (an architecture's rate is chosen once all its rates have finished).
 """
@@ -82,11 +83,13 @@ def _main() -> None:
         run, lr = item
         return search_one(config, run, lr, data, out, args.max_update, extra, args.threads, args.cpu)
 
-    try:
-        rows = train_all(args.jobs, one, search_runs(args.archs, args.lrs, args.seed))
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
-    _write(search_report(config, rows, args.archs, args.lrs, args.seed), out, "search")
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out / ".search.lock", f"search {out}", "search").acquire():  # one search (and writer) per OUT
+        try:
+            rows = train_all(args.jobs, one, search_runs(args.archs, args.lrs, args.seed))
+        except ExperimentError as exc:
+            sys.exit(f"error: {exc}")
+        _write(search_report(config, rows, args.archs, args.lrs, args.seed), out, "search")
 
 
 def main() -> None:

@@ -135,8 +135,8 @@ def test_search_table_marks_the_chosen_rate_and_the_stops():
         "| chosen rate |",
         "|---|---|---|---|",
         "| MTSA | **84.50 (100)**; 84.50 | 70.00 (50); stopped (NaN/Inf) after 50 | 0.001 |",
-        "| multi_head_encoder | stopped (NaN/Inf) before its first validation | not run | pending |",
-        "| bilstm_encoder | not run | not run | pending |"]
+        "| multi_head_encoder | stopped (NaN/Inf) before its first validation | not finished | pending |",
+        "| bilstm_encoder | not finished | not finished | pending |"]
 
 
 def test_curves_and_plateau_tables_of_a_curves_report():

@@ -158,7 +158,7 @@ def search_table(report: dict[str, Any], names: dict[str, str] | None = None) ->
         for lr in lrs:
             run = runs.get(lr)
             if run is None or run["best_dev"] is None:
-                cells.append("not run" if run is None else "stopped (NaN/Inf) before its first validation")
+                cells.append("not finished" if run is None else "stopped (NaN/Inf) before its first validation")
                 continue
             best = f"{run['best_dev']:{f}} ({run['best_dev_update']:,})"
             cell = f"**{best}**" if lr == chosen else best

@@ -12,6 +12,7 @@ import torch
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
 from mtsa_fairseq.experiments.commands import multi30k_study as study
+from mtsa_fairseq.experiments.translation.curves import budget
 from mtsa_fairseq.experiments.translation.train_config import is_mtsa_option, load_config
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
@@ -95,7 +96,7 @@ def _fake_study(out: Path) -> None:
 def test_study_report_holds_curves_both_checkpoints_and_the_tests(tmp_path):
     _fake_study(tmp_path)
     report = study.study_report(tmp_path, [1, 2])
-    assert report["schema"] == study.STUDY_SCHEMA and report["averaged_epochs"] == 5
+    assert report["schema"] == study.STUDY_SCHEMA and report["averaged_epochs"] == 5 and report["budget"] is None
     first = report["runs"][0]
     assert (first["system"], first["seed"], first["max_update"]) == ("Transformer", 1, 600)
     assert first["valid_bleu"] == [[200, 11.0], [400, 21.0], [600, 31.0]]
@@ -141,3 +142,55 @@ def test_curves_only_reads_the_logs_as_they_stand(tmp_path):
     assert proc.returncode == 2 and "--curves-only trains nothing" in proc.stderr
     proc = subprocess.run(command[:-1], capture_output=True, text=True)
     assert proc.returncode == 2 and "--multi30k is required" in proc.stderr
+
+
+def _probe(out: Path, bleu: dict[str, list[float]]) -> None:
+    """Probe logs of seed 1 of both systems: validation BLEU per epoch of 100 updates."""
+    for role, config in study.CONFIGS.items():
+        run_dir = out / "runs" / config.stem / "seed1"
+        run_dir.mkdir(parents=True)
+        (run_dir / "train.log").write_text("".join(_valid_line(100 * (i + 1), 4.0, b)
+                                                   for i, b in enumerate(bleu[role])))
+
+
+def test_budget_is_the_first_validation_with_every_probe_run_on_a_plateau(tmp_path):
+    # Transformer: on a plateau from update 300 on (gain 0.1 < 0.3); MTSA: at update 600 it still gains 1.0
+    # (best 31 after 0.75 * 600 = 450 against 30 up to it), at 700 nothing: both first at 700, and still at 800
+    _probe(tmp_path, {"baseline": [20, 30, 30.1, 30.2, 30.2, 30.2, 30.2, 30.2],
+                      "system": [20, 25, 28, 30, 31, 31, 31, 31]})
+    curves = {label: run["curve"] for label, run in study.run_curves(tmp_path, [1]).items()}
+    assert [budget([c[:n] for c in curves.values()]) for n in (6, 7, 8)] == [None, 700, 700]
+    record = study.probe_budget(tmp_path)
+    assert record["max_update"] == 700 and record["probe"] == str(tmp_path)
+    assert {label: v["plateaued"] for label, v in record["verdicts"].items()} == \
+        {"Transformer seed 1": True, "MTSA seed 1": True}
+    assert record["verdicts"]["MTSA seed 1"]["last_update"] == 700
+
+
+def test_budget_from_a_probe_is_refused_until_it_fixes_one(tmp_path, monkeypatch, capsys):
+    _probe(tmp_path / "probe", {"baseline": [20, 30, 30.1, 30.2], "system": [20, 25, 28, 30]})
+    raw = tmp_path / "multi30k"
+    raw.mkdir()
+    for split in ("train", "val", *study.TESTS):
+        for lang in ("en", "de"):
+            (raw / f"{split}.{lang}").write_text("a\n")
+    args = [str(SCRIPT), "--multi30k", str(raw), "--out", str(tmp_path / "out"), "--budget-from",
+            str(tmp_path / "probe")]
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"error: the probe in {tmp_path / 'probe'} fixes no budget yet: no validation at which all its runs are on "
+        "a plateau (last validations: Transformer seed 1 at update 400, MTSA seed 1 at update 400)")
+    proc = subprocess.run([sys.executable, *args, "--max-update", "300"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(
+        "error: --budget-from sets the budget of a study: drop --max-update, --train-only and --curves-only")
+    for config, bleu in (("multi30k_transformer", 30.2), ("multi30k_mtsa", 31.0)):  # now both: budget 700
+        with (tmp_path / "probe" / "runs" / config / "seed1" / "train.log").open("a") as log:
+            log.write("".join(_valid_line(u, 4.0, bleu) for u in (500, 600, 700)))
+    launched = []
+    monkeypatch.setattr(sys, "argv", args)
+    monkeypatch.setattr(study.subprocess, "run", lambda cmd, **_: launched.append(cmd) or subprocess.CompletedProcess(
+        cmd, 1))  # the pipeline is not run here: its command line is what the budget changes
+    with pytest.raises(SystemExit, match="the pipeline failed"):
+        study._main()
+    assert launched[0][launched[0].index("--train-args") + 1] == "--extra-args '--max-update 700'"
+    assert "budget: 700 updates, the first validation at which every run of the probe" in capsys.readouterr().out

@@ -24,7 +24,13 @@ curves so far, from the runs' logs, without training anything:
 
   python scripts/multi30k_study.py --out multi30k-probe --seeds 1 --curves-only
 
-writes OUT/curves-interim.json and OUT/curves-interim.png and prints each run's verdict.
+writes OUT/curves-interim.json and OUT/curves-interim.png and prints each run's verdict. Once every probe run is
+on a plateau at one validation, the study takes that update as its budget straight from the probe's logs:
+
+  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 4 5 6 \\
+      --budget-from multi30k-probe
+
+(refused while the probe fixes none; OUT/study.json records the budget and the probe's verdicts there).
 
 Rerunning the same command skips finished runs (keyed by config and seed) and existing scores, continues an
 interrupted run from its checkpoint_last.pt and rewrites the reports.
@@ -48,7 +54,7 @@ from mtsa_fairseq.experiments.checkpoint_average import (
 )
 from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
 from mtsa_fairseq.experiments.processes import RunLock, run_command
-from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, run_curve
+from mtsa_fairseq.experiments.translation.curves import budget, plateau, plot_curves, run_curve
 
 CONFIGS = {"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml", "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"}
 NAMES = {"baseline": "Transformer", "system": "MTSA"}
@@ -157,6 +163,24 @@ def print_verdicts(runs: dict[str, dict]) -> None:
               f"{verdict['gain']} BLEU: {'plateau' if verdict['plateaued'] else 'not yet on a plateau'}")
 
 
+def probe_budget(probe: Path) -> dict:
+    """The budget the probe in ``probe`` fixes (:func:`budget` over all its runs) with each probe run's verdict
+    at it; exits with one line while it fixes none."""
+    seeds = sorted({int(d.name.removeprefix("seed")) for config in CONFIGS.values()
+                    for d in (probe / "runs" / config.stem).glob("seed*") if (d / "train.log").is_file()})
+    if not seeds:
+        sys.exit(f"error: {probe} holds no probe runs (runs/<config>/seed<k>/train.log)")
+    runs = run_curves(probe, seeds)
+    update = budget([run["curve"] for run in runs.values()])
+    if update is None:
+        last = ", ".join(f"{label} at update {run['plateau']['last_update']}" for label, run in runs.items())
+        sys.exit(f"error: the probe in {probe} fixes no budget yet: no validation at which all its runs are on a "
+                 f"plateau (last validations: {last})")
+    return {"max_update": update, "probe": str(probe),
+            "verdicts": {label: plateau([p for p in run["curve"] if p["update"] <= update])
+                         for label, run in runs.items()}}
+
+
 def interim_curves(out: Path, seeds: list[int]) -> None:
     """``--curves-only``: OUT/curves-interim.{json,png} from the logs as they stand (the runs may be training)."""
     logs = [out / "runs" / config.stem / f"seed{seed}" / "train.log" for config in CONFIGS.values() for seed in seeds]
@@ -169,9 +193,10 @@ def interim_curves(out: Path, seeds: list[int]) -> None:
     print(f"curves so far: {out / 'curves-interim.json'}, {out / 'curves-interim.png'}")
 
 
-def study_report(out: Path, seeds: list[int]) -> dict:
+def study_report(out: Path, seeds: list[int], budget_record: dict | None = None) -> dict:
     """The machine-readable study: per run its validation curve and test BLEU of both checkpoint kinds; per
-    test set and kind the two systems' means, standard deviations and Welch's test."""
+    test set and kind the two systems' means, standard deviations and Welch's test; the budget and where it came
+    from (``budget_record`` of :func:`probe_budget`, if given)."""
     curves = run_curves(out, seeds)
     runs = []
     for role, config in CONFIGS.items():
@@ -205,7 +230,7 @@ def study_report(out: Path, seeds: list[int]) -> dict:
                 "paired": group["paired"],
             }
     return {"schema": STUDY_SCHEMA, "sacrebleu_signature": signature, "averaged_epochs": AVERAGED,
-            "runs": runs, "summary": summary}
+            "budget": budget_record, "runs": runs, "summary": summary}
 
 
 def _main() -> None:
@@ -228,9 +253,15 @@ def _main() -> None:
     parser.add_argument("--curves-only", action="store_true",
                         help="train and score nothing: write OUT/curves-interim.json and .png from the runs' logs "
                              "as they stand and print each run's plateau verdict (safe while the runs train)")
+    parser.add_argument("--budget-from", type=Path, metavar="PROBE",
+                        help="the probe's output directory: train every run to the budget its validation curves "
+                             "fix (the first validation at which all its runs are on a plateau); refused while "
+                             "there is none")
     args = parser.parse_args()
     if args.max_update is not None and args.max_update < 1:
         parser.error("--max-update must be positive")
+    if args.budget_from is not None and (args.max_update is not None or args.train_only or args.curves_only):
+        parser.error("--budget-from sets the budget of a study: drop --max-update, --train-only and --curves-only")
     if args.curves_only:
         if args.max_update is not None or args.train_only:
             parser.error("--curves-only trains nothing: drop --max-update and --train-only")
@@ -241,6 +272,12 @@ def _main() -> None:
     if not args.multi30k.is_dir():
         parser.error(f"--multi30k {args.multi30k} is not a directory")
     files = raw_files(args.multi30k)
+    budget_record = None
+    if args.budget_from is not None:
+        budget_record = probe_budget(args.budget_from.resolve())
+        args.max_update = budget_record["max_update"]
+        print(f"budget: {args.max_update} updates, the first validation at which every run of the probe in "
+              f"{args.budget_from} is on a plateau")
 
     cmd = [*command("pipeline"), "--out", str(args.out), "--vocab-size", "8000",
            "--train", *map(str, files["train"]), "--valid", *map(str, files["val"]),
@@ -268,7 +305,7 @@ def _main() -> None:
     table = runs_table(out, args.seeds)
     write_atomic(out / "runs.md", table)
     write_curves(out, args.seeds, "Multi30k study: validation curves of every run")
-    write_json(out / "study.json", study_report(out, args.seeds))
+    write_json(out / "study.json", study_report(out, args.seeds, budget_record))
     print(table + f"\nreports: {out / 'report.md'} (sacreBLEU, checkpoint_last), {out / 'report-avg5.md'} "
           f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {out / 'report-tokenized.md'} "
           f"(tokenized, compound-split BLEU), {out / 'runs.md'}, {out / 'curves.png'}, {out / 'study.json'}")

@@ -58,6 +58,17 @@ def plateau(curve: list[dict[str, float]]) -> dict[str, Any]:
             "plateaued": gain < PLATEAU_GAIN}
 
 
+def budget(curves: list[list[dict[str, float]]]) -> int | None:
+    """The study's budget from the probe's curves: the first validated update, common to every curve, at which
+    every curve up to it satisfies the plateau rule (:func:`plateau`); None while there is none. Later
+    validations never move it, since each verdict reads a curve only up to that update."""
+    validated = [{p["update"] for p in curve if "bleu" in p} for curve in curves]
+    for update in sorted(set.intersection(*validated)) if validated else []:
+        if all(plateau([p for p in curve if p["update"] <= update])["plateaued"] for curve in curves):
+            return update
+    return None
+
+
 def curves_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """A curves report (``{"runs": {label: {"curve": [...]}}}``) as one row per validated update: every run's
     validation BLEU, then every run's validation loss (— where a run has not validated that update)."""

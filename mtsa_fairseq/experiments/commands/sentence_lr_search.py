@@ -46,9 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _write(report: dict, out: Path, stem: str) -> None:
+    markdown = search_markdown(report)
     write_json(out / f"{stem}.json", report)
-    write_atomic(out / f"{stem}.md", search_markdown(report))
-    print(search_markdown(report))
+    write_atomic(out / f"{stem}.md", markdown)
+    print(markdown)
 
 
 def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtsa_fairseq.experiments.commands import docs_tables
-from mtsa_fairseq.experiments.sentence import lr_search
+from mtsa_fairseq.experiments.sentence import experiment, lr_search
 from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
 
@@ -154,3 +154,38 @@ def test_curves_and_plateau_tables_of_a_curves_report():
     assert plateau_table(report)[2:] == [  # U = 400: best up to 300 is 20.1, after it 20.2
         "| Transformer seed 1 | 400 | 20.10 | 20.20 | +0.10 | yes |",
         "| MTSA seed 1 | 100 | — | — | — | no (too few validations) |"]
+
+
+def test_chosen_rates_name_each_architecture_without_a_rate_and_why(tmp_path):
+    report = {"schema": lr_search.SCHEMA, "experiment": "t", "dataset": "trec", "split": "valid", "seed": 1,
+              "lrs": [1e-3, 5e-4], "rule": "r", "chosen": {"a": 1e-3}, "pending": ["c"]}
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(report))
+    rates, source = lr_search.chosen_rates(path, ["a"])
+    assert rates == {"a": 1e-3} and (source["experiment"], source["search"]) == ("t", str(path))
+    with pytest.raises(experiment.ExperimentError) as err:
+        lr_search.chosen_rates(path, ["a", "c", "d"])
+    assert str(err.value) == f"{path} chose no learning rate for c (rates still to finish), d (not searched)"
+    report["chosen"]["b"] = None
+    path.write_text(json.dumps(report))
+    with pytest.raises(experiment.ExperimentError, match=r"for b \(every rate stopped with NaN/Inf\)$"):
+        lr_search.chosen_rates(path, ["b"])
+    path.write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(experiment.ExperimentError, match="has schema 'other'"):
+        lr_search.chosen_rates(path, ["a"])
+
+
+def test_command_lr_is_the_last_lr_of_a_command():
+    assert experiment.command_lr(["fairseq-train", "--lr", "0.001", "--cpu", "--lr", "5e-4"]) == 5e-4
+    assert experiment.command_lr(["fairseq-train", "--cpu"]) is None
+
+
+def test_summary_table_shows_the_searched_rates():
+    summary = {"metric": "accuracy", "reference": "a", "welch_vs_reference": {},
+               "archs": {"a": {"values": [80.0, 82.0], "mean": 81.0, "std": 1.4142135623730951}},
+               "lr_from": {"chosen": {"a": 5e-4}}}
+    assert experiment.summary_table(summary)[::2] == [
+        "| architecture | lr | seeds | accuracy per seed | mean ± sd | a − it | t | df | p (two-sided) | p (a > it) |",
+        "| a | 0.0005 | 2 | 80.00, 82.00 | 81.00 ± 1.41 | — | — | — | — | — |"]
+    del summary["lr_from"]
+    assert experiment.summary_table(summary)[1] == "|---|---|---|---|---|---|---|---|---|"

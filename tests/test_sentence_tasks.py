@@ -425,6 +425,35 @@ def test_lr_search_chooses_a_rate_on_dev_keeps_a_nan_stop_and_resumes(trec_data,
         "finish or stop it, then rerun")
 
 
+def test_experiment_trains_each_architecture_at_the_rate_a_search_chose(trec_data, tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=5) + "  validate-interval-updates: 5\n")
+    search = tmp_path / "search.json"
+    search.write_text(json.dumps({"schema": "mtsa-fairseq/sentence-lr-search/1", "experiment": "small",
+                                  "dataset": "trec", "split": "valid", "seed": 1, "lrs": [2e-3, 1e-4], "rule": "r",
+                                  "chosen": {"multi_cnn_encoder": 2e-3}, "pending": ["mtsa_encoder"]}))
+    out = tmp_path / "exp"
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+           str(trec_data), "--seeds", "1", "--out", str(out), "--cpu", "--threads", "1"]
+    run(*cmd, "--archs", "multi_cnn_encoder", "--lr-from", str(search))
+    trained = read_run(out / "runs" / "multi_cnn_encoder" / "seed1", AssertionError)
+    assert trained["command"][-3:] == ["--lr", "0.002", "--cpu"]  # after the config's --lr 0.005
+    report = json.loads((out / "report.json").read_text())
+    assert report["lr_from"]["chosen"] == {"multi_cnn_encoder": 0.002} and report["lr_from"]["search"] == str(search)
+    assert report["runs"][0]["lr"] == 0.002
+    assert "| multi_cnn_encoder | 0.002 | 1 |" in (out / "report.md").read_text()
+    pending = run(*cmd, "--archs", "multi_cnn_encoder", "mtsa_encoder", "--lr-from", str(search), check=False)
+    assert pending.returncode == 1 and pending.stderr.strip().splitlines()[-1] == (
+        f"error: {search} chose no learning rate for mtsa_encoder (rates still to finish)")
+    both = run(*cmd, "--archs", "multi_cnn_encoder", "--lr-from", str(search), "--extra-args", "--lr 1e-3",
+               check=False)
+    assert both.returncode == 2 and both.stderr.strip().endswith("--extra-args must not set --lr with --lr-from")
+    shared = run(*cmd, "--archs", "multi_cnn_encoder", check=False)  # the config's rate into the same OUT
+    assert shared.returncode == 1 and shared.stderr.strip().splitlines()[-1] == (
+        f"error: multi_cnn_encoder_seed1: {out / 'runs' / 'multi_cnn_encoder' / 'seed1'} was trained with --lr 0.002, "
+        "not 0.005; use another --out for another learning rate")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--lrs", "1e-3", "1e-3"], "--lrs must be positive and must not repeat"),
     (["--lrs", "0"], "--lrs must be positive and must not repeat"),

@@ -5,7 +5,9 @@ Welch's t-test of the reference architecture (default: the first) against each o
       --archs mtsa_encoder disan_encoder fast_disa_encoder multi_head_encoder bilstm_encoder \\
       --seeds 1 2 3 --out runs/trec --cpu --max-update 3000
 
-Cross-validation data (CR, MPQA, SUBJ) runs every fold unless --folds is given. Rerunning the command skips
+With --lr-from, each architecture trains at the learning rate that an mtsa-sentence-lr-search report chose for
+it on dev (a TREC search sets SST-5's rates too: the rate is carried over, not searched again), recorded in the
+report. Cross-validation data (CR, MPQA, SUBJ) runs every fold unless --folds is given. Rerunning the command skips
 finished runs, resumes interrupted ones and rewrites OUT/report.md, OUT/report.json and OUT/dev-curves.png (dev
 metric against updates, per architecture).
 """
@@ -34,6 +36,7 @@ from mtsa_fairseq.experiments.sentence.experiment import (
     run_one,
     summarize,
 )
+from mtsa_fairseq.experiments.sentence.lr_search import chosen_rates
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, out_help: str) -> None:
@@ -60,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", choices=("test", "valid"),
                         help="split the best-dev checkpoint is evaluated on (default: test; CV data: the held-out "
                              "fold); valid keeps a protocol search off the test data")
+    parser.add_argument("--lr-from", type=Path, metavar="SEARCH",
+                        help="an mtsa-sentence-lr-search report (search.json, search-interim.json or a copy): "
+                             "each architecture trains at the rate it chose (instead of the config's --lr)")
     return parser
 
 
@@ -122,13 +128,28 @@ def _folds(parser: argparse.ArgumentParser, args: argparse.Namespace, manifest: 
     return folds
 
 
+def _rates(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, float], dict | None]:
+    """--lr-from's rate per architecture and its search (empty and None without it)."""
+    if args.lr_from is None:
+        return {}, None
+    if any(token == "--lr" or token.startswith("--lr=") for token in args.extra_args.split()):
+        parser.error("--extra-args must not set --lr with --lr-from")
+    try:
+        rates, source = chosen_rates(args.lr_from, args.archs)
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
+    return rates, {**source, "chosen": rates}
+
+
 def _write_report(config: TaskConfig, results: list[dict], args: argparse.Namespace, folds: list[int] | None,
-                  out: Path) -> None:
+                  out: Path, lr_from: dict | None) -> None:
     """OUT/report.json, report.md and dev-curves.png; the Markdown is printed too."""
     summary = summarize(config, results, args.reference or args.archs[0])
     summary["split"] = args.split or ("held-out fold" if folds else "test")
+    if lr_from is not None:
+        summary["lr_from"] = lr_from
     summary["runs"] = [{"run": r["run"], "arch": r["arch"], "seed": r["seed"], "fold": r["fold"],
-                        "metrics": r["metrics"], "max_update": r["max_update"],
+                        "metrics": r["metrics"], "max_update": r["max_update"], "lr": r.get("lr"),
                         "best_checkpoint_updates": r["num_updates"],
                         "num_params_without_embeddings": r["num_params_without_embeddings"],
                         "train_words_per_second": r["train_words_per_second"], "split": r["split"],
@@ -146,16 +167,19 @@ def _main() -> None:
         parser.error("--seeds must not repeat")
     config, manifest, extra = load_training(parser, args)
     folds = _folds(parser, args, manifest)
+    rates, lr_from = _rates(parser, args)
     out, data = args.out.resolve(), args.data.resolve()
 
     def one(run):
-        return run_one(config, run, data, out, args.max_update, extra, args.threads, args.cpu, split=args.split)
+        lr = ["--lr", repr(rates[run.arch])] if rates else []
+        return run_one(config, run, data, out, args.max_update, [*extra, *lr], args.threads, args.cpu,
+                       split=args.split)
 
     try:
         results = train_all(args.jobs, one, plan_runs(args.archs, args.seeds, folds))
     except ExperimentError as exc:
         sys.exit(f"error: {exc}")
-    _write_report(config, results, args, folds, out)
+    _write_report(config, results, args, folds, out, lr_from)
 
 
 def main() -> None:

@@ -148,6 +148,12 @@ def check_options(config: TaskConfig, archs: list[str], data: Path, extra: list[
             raise ExperimentError(str(err)) from None
 
 
+def command_lr(command: list[str]) -> float | None:
+    """The learning rate a fairseq-train command line trains with: its last ``--lr`` (None: fairseq's default)."""
+    values = [command[i + 1] for i, token in enumerate(command[:-1]) if token == "--lr"]
+    return float(values[-1]) if values else None
+
+
 def plan_runs(archs: list[str], seeds: list[int], folds: list[int] | None) -> list[Run]:
     """Every (arch, seed, fold) combination, seeds outermost so that early stops leave whole seeds."""
     return [Run(a, s, f) for s in seeds for a in archs for f in (folds if folds else [None])]
@@ -226,6 +232,15 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
 
     result_path = run.result_path(out)
     budget = max_update if max_update is not None else config.options(run.arch)["max-update"]
+    run_dir = run.run_dir(out)
+    try:
+        command = train_command(config, run, data, out, max_update, extra + (["--cpu"] if cpu else []))
+    except LaunchError as exc:
+        raise ExperimentError(str(exc)) from exc
+    trained = (previous_run(run_dir) or {}).get("command")
+    if trained and command_lr(trained) != command_lr(command):
+        raise ExperimentError(f"{run.key}: {run_dir} was trained with --lr {command_lr(trained)!r}, not "
+                              f"{command_lr(command)!r}; use another --out for another learning rate")
     if result_path.is_file():
         previous = read_json(result_path, SENTENCE_RESULT_SCHEMA, "result file", ExperimentError)
         if previous.get("max_update") == budget:
@@ -235,11 +250,6 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
                 f"{run.key}: {result_path} was trained with max-update {previous.get('max_update')}, not {budget}; "
                 "use another --out for a smaller budget")
         log(f"[experiment] {run.key}: continuing from max-update {previous['max_update']} to {budget}")
-    run_dir = run.run_dir(out)
-    try:
-        command = train_command(config, run, data, out, max_update, extra + (["--cpu"] if cpu else []))
-    except LaunchError as exc:
-        raise ExperimentError(str(exc)) from exc
     log(f"[experiment] {run.key}: training -> {run_dir}")
     done, repair = resume_point(run_dir, log)
     record = {**_run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {}),
@@ -254,7 +264,7 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
     result = evaluate(best, split, data, run.fold)
     log_text = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
     wps = mean_train_wps(log_text)
-    result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget,
+    result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget, lr=command_lr(command),
                   dev_curve=dev_curve(log_text, config.metric),
                   train_seconds=finished["wall_seconds"],
                   train_words_per_second=None if wps is None else round(wps, 1))
@@ -365,7 +375,12 @@ def report_markdown(summary: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
     metric, ref = summary["metric"], summary["reference"]
     lines = [f"### {summary['experiment']}: {summary.get('split', 'test')} {metric} of the best-dev checkpoints "
-             f"(mean ± sd over seeds; Welch's t-test of {ref} vs each)", "", *summary_table(summary)]
+             f"(mean ± sd over seeds; Welch's t-test of {ref} vs each)", ""]
+    if "lr_from" in summary:
+        source = summary["lr_from"]
+        lines += [f"Learning rates: each architecture's, chosen on {source['dataset']} {source['split']} data by the "
+                  f"search {source['experiment']} ({source['search']}; rule: {source['rule']}).", ""]
+    lines += summary_table(summary)
     if "cross_validation" in summary:
         lines += ["", f"### Cross-validation: held-out {metric}, mean ± sd over runs (seeds x folds); paired t-test "
                   f"of {ref} vs each, matched by seed and fold", "",
@@ -387,11 +402,14 @@ def _p(p: float) -> str:
 
 
 def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    """Per architecture: the metric per seed, mean ± sd, and Welch's t-test of the reference against it."""
+    """Per architecture: the metric per seed, mean ± sd, and Welch's t-test of the reference against it (and
+    each architecture's learning rate when a search chose them)."""
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
-    lines = [f"| architecture | seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | p (two-sided) | "
-             f"p ({ref} > it) |", "|---|---|---|---|---|---|---|---|---|"]
+    rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
+    lr_column = " lr |" if rates else ""
+    lines = [f"| architecture |{lr_column} seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | "
+             f"p (two-sided) | p ({ref} > it) |", "|---|" + "---|" * (9 if rates else 8)]
     for arch, row in summary["archs"].items():
         sd = "" if row["std"] is None else f" ± {row['std']:{f}}"
         values = ", ".join(f"{v:{f}}" for v in row["values"])
@@ -403,7 +421,9 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None) 
         else:
             cells = (f"{test['difference']:+{f}} | {test['t']:.2f} | {test['df']:.1f} | {_p(test['p_two_sided'])} | "
                      f"{_p(test['p_greater'])}")
-        lines.append(f"| {name.get(arch, arch)} | {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | {cells} |")
+        lr = f" {rates[arch]:g} |" if rates else ""
+        lines.append(f"| {name.get(arch, arch)} |{lr} {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | "
+                     f"{cells} |")
     return lines
 
 

@@ -142,6 +142,23 @@ def search_report(config: TaskConfig, rows: list[dict[str, Any]], archs: list[st
             "runs": runs, "chosen": chosen, "pending": [arch for arch in archs if arch not in chosen]}
 
 
+def chosen_rates(path: Path, archs: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
+    """The rate that a search report (``search.json``, ``search-interim.json`` or a copy of either) chose for
+    each of ``archs``, and the search it came from; ExperimentError names an unreadable report or each
+    architecture without a chosen rate and why."""
+    report = read_json(path, SCHEMA, "learning-rate search", ExperimentError)
+    chosen, pending = report.get("chosen") or {}, report.get("pending") or []
+    why = {arch: "rates still to finish" if arch in pending else
+           "every rate stopped with NaN/Inf" if arch in chosen else "not searched"
+           for arch in archs if chosen.get(arch) is None}
+    if why:
+        raise ExperimentError(f"{path} chose no learning rate for " +
+                              ", ".join(f"{arch} ({reason})" for arch, reason in why.items()))
+    source = {"search": str(path), "experiment": report["experiment"], "dataset": report["dataset"],
+              "split": report["split"], "seed": report["seed"], "lrs": report["lrs"], "rule": report["rule"]}
+    return {arch: float(chosen[arch]) for arch in archs}, source
+
+
 def search_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """One row per architecture: at every rate the best dev metric with the first update that reached it (the
     chosen rate's in bold, a stopped run marked), the last validation, and the chosen rate."""

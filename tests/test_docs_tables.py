@@ -11,6 +11,7 @@ from mtsa_fairseq.experiments.commands import docs_tables
 from mtsa_fairseq.experiments.sentence import experiment, lr_search
 from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
+from mtsa_fairseq.experiments.translation.study_tables import study_paired_table, study_runs_table, study_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results-sentence.md"
@@ -189,3 +190,52 @@ def test_summary_table_shows_the_searched_rates():
         "| a | 0.0005 | 2 | 80.00, 82.00 | 81.00 ± 1.41 | — | — | — | — | — |"]
     del summary["lr_from"]
     assert experiment.summary_table(summary)[1] == "|---|---|---|---|---|---|---|---|---|"
+
+
+def _study() -> dict:
+    """A study.json of two seeds per system on one test set (the fields mtsa-multi30k-study writes)."""
+    def row(base: float, system: float) -> dict:
+        return {"Transformer": {"mean": base, "std": 0.5, "n": 2}, "MTSA": {"mean": system, "std": 0.25, "n": 2},
+                "welch": {"t": -1.2, "df": 1.5, "p_two_sided": 0.4, "p_greater": 0.0004},
+                "paired": [{"seed": 1, "baseline_bleu": 40.0, "system_bleu": 40.5, "p_bootstrap": 0.2, "p_ar": 0.21}]}
+
+    runs = [{"system": system, "seed": seed, "num_updates": 6864, "wall_seconds": 9000.0,
+             "train_target_tokens_per_second": 900.4 if system == "MTSA" else None,
+             "valid_bleu": [[264, 5.0], [528, 40.0], [792, 40.0], [1056, 39.5]],
+             "test": {"test_2016_flickr": {"last": 38.0 + seed, "avg5": 38.5 + seed}}}
+            for system in ("Transformer", "MTSA") for seed in (1, 2)]
+    return {"averaged_epochs": 5, "runs": runs,
+            "summary": {"test_2016_flickr": {"last": row(39.5, 40.0), "avg5": row(40.0, 40.25)}},
+            "summary_tokenized": {"test_2016_flickr": {"last": row(41.0, 41.5), "avg5": row(41.5, 41.75)}}}
+
+
+def test_study_tables_show_both_checkpoints_both_bleus_the_pairs_and_every_run():
+    report = _study()
+    table = study_table(report, {"MTSA": "MTSA encoder"})
+    assert table[0] == ("| test set | checkpoint | BLEU | Transformer | MTSA encoder | MTSA encoder − Transformer | "
+                        "t (df) | p (two-sided) | p (MTSA encoder > Transformer) |")
+    assert table[2:] == [
+        "| test_2016_flickr | last | sacreBLEU | 39.50 ± 0.50 (2) | 40.00 ± 0.25 (2) | +0.50 | -1.20 (1.5) | 0.400 | "
+        "4.0e-04 |",
+        "| test_2016_flickr | last | tokenized, compound-split | 41.00 ± 0.50 (2) | 41.50 ± 0.25 (2) | +0.50 | "
+        "-1.20 (1.5) | 0.400 | 4.0e-04 |",
+        "| test_2016_flickr | average of the last 5 | sacreBLEU | 40.00 ± 0.50 (2) | 40.25 ± 0.25 (2) | +0.25 | "
+        "-1.20 (1.5) | 0.400 | 4.0e-04 |",
+        "| test_2016_flickr | average of the last 5 | tokenized, compound-split | 41.50 ± 0.50 (2) | "
+        "41.75 ± 0.25 (2) | +0.25 | -1.20 (1.5) | 0.400 | 4.0e-04 |"]
+    paired = study_paired_table(report)
+    assert len(paired) == 4 and paired[2] == "| test_2016_flickr | last | 1 | 40.00 | 40.50 | 0.200 | 0.210 |"
+    runs = study_runs_table(report)
+    assert runs[0].endswith("| test_2016_flickr last | test_2016_flickr average of the last 5 |") and len(runs) == 6
+    assert runs[2] == "| Transformer | 1 | 6,864 | 2.5 | — | 40.00 (528) | 39.50 | 39.00 | 39.50 |"
+    assert runs[5].startswith("| MTSA | 2 | 6,864 | 2.5 | 900 |")
+
+
+def test_docs_tables_render_a_study(tmp_path):
+    (tmp_path / "study.json").write_text(json.dumps(_study()))
+    doc = tmp_path / "doc.md"
+    doc.write_text("".join(f"<!-- table study.json {kind} -->\nstale\n<!-- /table -->\n"
+                           for kind in ("study", "study-paired", "study-runs")))
+    text, changed = docs_tables.render(doc)
+    assert len(changed) == 3 and "stale" not in text
+    assert text.count("| test_2016_flickr | average of the last 5 |") == 3

@@ -84,13 +84,15 @@ def _fake_study(out: Path) -> None:
                     path = study.result_path(out, config, seed, test, kind)
                     path.parent.mkdir(exist_ok=True)
                     bleu = 30.0 + seed + (0.5 if kind == "avg5" else 0) + (1 if role == "system" else 0)
-                    path.write_text(json.dumps({"schema": RESULT_SCHEMA, "num_params": 7, "bleu": {"sacrebleu": bleu}}))
-    for kind, name in (("last", "report.json"), ("avg5", "report-avg5.json")):
-        groups = [{"test_set": test, "paired": [], "t_test": {
-            "mean_baseline": 31.5, "std_baseline": 0.7, "n_baseline": 2, "mean_system": 32.5, "std_system": 0.7,
+                    path.write_text(json.dumps({"schema": RESULT_SCHEMA, "num_params": 7, "bleu": {
+                        "sacrebleu": bleu, "tokenized_compound_split": bleu + 2}}))
+    for name, mean in (("report", 31.5), ("report-avg5", 32.0), ("report-tokenized", 33.5),
+                       ("report-avg5-tokenized", 34.0)):
+        groups = [{"test_set": test, "paired": [{"seed": 1, "p_ar": 0.5}], "t_test": {
+            "mean_baseline": mean, "std_baseline": 0.7, "n_baseline": 2, "mean_system": mean + 1, "std_system": 0.7,
             "n_system": 2, "t": 1.4, "df": 2.0, "p_two_sided": 0.3, "p_greater": 0.15}} for test in study.TESTS]
-        (out / name).write_text(json.dumps({"schema": "mtsa-fairseq.significance.v1", "signature": f"sig-{kind}",
-                                            "groups": groups}))
+        (out / f"{name}.json").write_text(json.dumps({"schema": "mtsa-fairseq.significance.v1",
+                                                      "signature": f"sig-{name}", "groups": groups}))
 
 
 def test_study_report_holds_curves_both_checkpoints_and_the_tests(tmp_path):
@@ -102,12 +104,16 @@ def test_study_report_holds_curves_both_checkpoints_and_the_tests(tmp_path):
     assert first["valid_bleu"] == [[200, 11.0], [400, 21.0], [600, 31.0]]
     assert first["plateau"]["plateaued"] is False  # still gaining 10 BLEU in the last quarter
     assert first["test"] == {test: {"last": 31.0, "avg5": 31.5} for test in study.TESTS}
+    assert first["test_tokenized"] == {test: {"last": 33.0, "avg5": 33.5} for test in study.TESTS}
     assert report["runs"][3]["system"] == "MTSA" and report["runs"][3]["test"]["test_2016_flickr"]["last"] == 33.0
     assert set(report["summary"]) == set(study.TESTS)
     summary = report["summary"]["test_2017_flickr"]
     assert set(summary) == {"last", "avg5"}
-    assert summary["avg5"]["MTSA"] == {"mean": 32.5, "std": 0.7, "n": 2}
-    assert summary["avg5"]["welch"]["p_two_sided"] == 0.3
+    assert summary["avg5"]["MTSA"] == {"mean": 33.0, "std": 0.7, "n": 2}
+    assert summary["avg5"]["welch"]["p_two_sided"] == 0.3 and summary["last"]["paired"] == [{"seed": 1, "p_ar": 0.5}]
+    tokenized = report["summary_tokenized"]["test_2016_flickr"]
+    assert (tokenized["last"]["Transformer"]["mean"], tokenized["avg5"]["MTSA"]["mean"]) == (33.5, 35.0)
+    assert report["sacrebleu_signature"] == "sig-report"
 
 
 def test_probe_curves_and_averaged_checkpoint(tmp_path):

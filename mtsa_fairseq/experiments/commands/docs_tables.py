@@ -2,15 +2,17 @@
 
 A generated table is the block between a line ``<!-- table REPORT KIND [OLD=NEW ...] -->`` and the next
 ``<!-- /table -->``: table KIND of REPORT, a report.json of mtsa-sentence-experiment, a search.json of
-mtsa-sentence-lr-search or a curves JSON of mtsa-multi30k-study (path relative to the document), with
+mtsa-sentence-lr-search, a curves JSON or a study.json of mtsa-multi30k-study (path relative to the document), with
 architecture (or run) OLD shown as NEW (``archs=A,B`` keeps only those architectures in a folds table). Kinds:
 summary (per architecture: the metric per seed, mean ± sd, Welch's t-test), cv (cross-validation: best, chosen,
 last and the paired tests), runs (per run: the tested checkpoint as the run recorded it, its dev metric, the
 last validation), folds (per fold: best, chosen and last of every architecture), anchor (``value=NUMBER
 label=NAME``: one-sample t-tests of every architecture's numbers, per seed or per fold, against a published
 figure), search (a search.json: per architecture the best dev metric at every rate and the rate the rule
-chose), curves (a curves JSON: every run's validation BLEU and loss per validated update) and plateau (a curves
-JSON: the budget rule per run).
+chose), curves (a curves JSON: every run's validation BLEU and loss per validated update), plateau (a curves
+JSON: the budget rule per run), study (a study.json: per test set, checkpoint kind and BLEU both systems'
+mean ± sd and Welch's test), study-paired (the paired tests per seed) and study-runs (per run: updates, time,
+throughput, validation and test BLEU).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs
@@ -35,11 +37,13 @@ from mtsa_fairseq.experiments.sentence.experiment import (
 )
 from mtsa_fairseq.experiments.sentence.lr_search import search_table
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau_table
+from mtsa_fairseq.experiments.translation.study_tables import study_paired_table, study_runs_table, study_table
 
 OPEN = re.compile(r"^<!-- table (\S+) (\S+)((?: \S+=\S+)*) -->$")
 CLOSE = "<!-- /table -->"
 TABLES = {"summary": summary_table, "cv": cross_validation_table, "runs": runs_table, "folds": folds_table,
-          "anchor": anchor_table, "search": search_table, "curves": curves_table, "plateau": plateau_table}
+          "anchor": anchor_table, "search": search_table, "curves": curves_table, "plateau": plateau_table,
+          "study": study_table, "study-paired": study_paired_table, "study-runs": study_runs_table}
 
 
 class TableError(ValueError):

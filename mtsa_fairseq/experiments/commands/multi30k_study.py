@@ -5,11 +5,11 @@ script (joint 8k sentencepiece) -> configs/multi30k_transformer.yaml and configs
 each, trained side by side on one CPU core each, validation BLEU every epoch -> BLEU on both test sets of
 checkpoint_last.pt (the MTSA paper's protocol) and of the average of the last 5 epoch checkpoints (the
 Transformer paper's) -> Welch's t-test, paired bootstrap and approximate randomization for each
-(mtsa-pipeline does the first; OUT/report.md, OUT/report-avg5.md), the t-test on the tokenized,
-compound-split BLEU (OUT/report-tokenized.md) -> OUT/runs.md (a row per run: wall time, throughput, peak
-memory, parameters, BLEU), OUT/curves.png (validation BLEU and loss of every run) and OUT/study.json (per run
-its validation curve and test BLEU, per test set and checkpoint the means, standard deviations and Welch
-p-values).
+(mtsa-pipeline does the first; OUT/report.md, OUT/report-avg5.md), the same on the tokenized,
+compound-split BLEU (OUT/report-tokenized.md, OUT/report-avg5-tokenized.md) -> OUT/runs.md (a row per run: wall
+time, throughput, peak memory, parameters, BLEU), OUT/curves.png (validation BLEU and loss of every run) and
+OUT/study.json (per run its validation curve and test BLEU, per test set and checkpoint the means, standard
+deviations, Welch p-values and paired tests), from which mtsa-docs-tables renders the docs' tables.
 
   python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 4 5 6
 
@@ -194,9 +194,10 @@ def interim_curves(out: Path, seeds: list[int]) -> None:
 
 
 def study_report(out: Path, seeds: list[int], budget_record: dict | None = None) -> dict:
-    """The machine-readable study: per run its validation curve and test BLEU of both checkpoint kinds; per
-    test set and kind the two systems' means, standard deviations and Welch's test; the budget and where it came
-    from (``budget_record`` of :func:`probe_budget`, if given)."""
+    """The machine-readable study: per run its validation curve and test BLEU of both checkpoint kinds (sacreBLEU
+    in ``test``, tokenized compound-split BLEU in ``test_tokenized``); per test set and kind the two systems'
+    means, standard deviations, Welch's test and the paired tests per seed (``summary``: sacreBLEU,
+    ``summary_tokenized``); the budget and where it came from (``budget_record`` of :func:`probe_budget`)."""
     curves = run_curves(out, seeds)
     runs = []
     for role, config in CONFIGS.items():
@@ -214,14 +215,29 @@ def study_report(out: Path, seeds: list[int], budget_record: dict | None = None)
                 "valid_bleu": [[p["update"], p["bleu"]] for p in curve["curve"] if "bleu" in p],
                 "valid_loss": [[p["update"], p["loss"]] for p in curve["curve"]], "plateau": curve["plateau"],
                 "test": {test: {kind: results[test][kind]["bleu"]["sacrebleu"] for kind in KINDS} for test in TESTS},
+                "test_tokenized": {test: {kind: results[test][kind]["bleu"]["tokenized_compound_split"]
+                                          for kind in KINDS} for test in TESTS},
             })
+    return {"schema": STUDY_SCHEMA, "sacrebleu_signature": _signature(out), "averaged_epochs": AVERAGED,
+            "budget": budget_record, "runs": runs, "summary": _summary(out, ""),
+            "summary_tokenized": _summary(out, "-tokenized")}
+
+
+def _significance_report(out: Path, kind: str, suffix: str) -> dict:
+    return read_json(out / f"report{KINDS[kind].replace('_', '-')}{suffix}.json", "mtsa-fairseq.significance.v1",
+                     "significance report", RuntimeError)
+
+
+def _signature(out: Path) -> str:
+    return _significance_report(out, "last", "")["signature"]
+
+
+def _summary(out: Path, suffix: str) -> dict[str, dict]:
+    """Per test set and checkpoint kind, from the significance reports ``report[-avg5]<suffix>.json``: both
+    systems' mean, standard deviation and run count, Welch's test and the per-seed paired tests."""
     summary: dict[str, dict] = {}
-    signature = None
     for kind in KINDS:
-        report = read_json(out / f"report{KINDS[kind].replace('_', '-')}.json", "mtsa-fairseq.significance.v1",
-                           "significance report", RuntimeError)
-        signature = report["signature"]
-        for group in report["groups"]:
+        for group in _significance_report(out, kind, suffix)["groups"]:
             t = group["t_test"]
             summary.setdefault(group["test_set"], {})[kind] = {
                 NAMES["baseline"]: {"mean": t["mean_baseline"], "std": t["std_baseline"], "n": t["n_baseline"]},
@@ -229,8 +245,7 @@ def study_report(out: Path, seeds: list[int], budget_record: dict | None = None)
                 "welch": {"t": t["t"], "df": t["df"], "p_two_sided": t["p_two_sided"], "p_greater": t["p_greater"]},
                 "paired": group["paired"],
             }
-    return {"schema": STUDY_SCHEMA, "sacrebleu_signature": signature, "averaged_epochs": AVERAGED,
-            "budget": budget_record, "runs": runs, "summary": summary}
+    return summary
 
 
 def _main() -> None:
@@ -302,13 +317,15 @@ def _main() -> None:
         sys.exit(f"error: {err}")
     significance(out, args.seeds, "avg5", "sacrebleu", "report-avg5")
     significance(out, args.seeds, "last", "tokenized_compound_split", "report-tokenized")
+    significance(out, args.seeds, "avg5", "tokenized_compound_split", "report-avg5-tokenized")
     table = runs_table(out, args.seeds)
     write_atomic(out / "runs.md", table)
     write_curves(out, args.seeds, "Multi30k study: validation curves of every run")
     write_json(out / "study.json", study_report(out, args.seeds, budget_record))
     print(table + f"\nreports: {out / 'report.md'} (sacreBLEU, checkpoint_last), {out / 'report-avg5.md'} "
           f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {out / 'report-tokenized.md'} "
-          f"(tokenized, compound-split BLEU), {out / 'runs.md'}, {out / 'curves.png'}, {out / 'study.json'}")
+          f"and {out / 'report-avg5-tokenized.md'} (tokenized, compound-split BLEU), {out / 'runs.md'}, "
+          f"{out / 'curves.png'}, {out / 'study.json'}")
 
 
 def main() -> None:

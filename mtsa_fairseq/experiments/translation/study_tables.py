@@ -1,0 +1,75 @@
+"""The Markdown tables of a translation study's ``study.json`` (``mtsa-multi30k-study``), rendered into the docs
+by ``mtsa-docs-tables`` (kinds ``study``, ``study-paired`` and ``study-runs``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mtsa_fairseq.experiments.significance import format_p
+
+BLEU_KINDS = {"summary": "sacreBLEU", "summary_tokenized": "tokenized, compound-split"}
+
+
+def _systems(report: dict[str, Any], names: dict[str, str]) -> tuple[str, str, str, str]:
+    """(baseline, system) as the report names them, then as the table shows them."""
+    baseline, system = dict.fromkeys(run["system"] for run in report["runs"])
+    return baseline, system, names.get(baseline, baseline), names.get(system, system)
+
+
+def _checkpoint(report: dict[str, Any], kind: str) -> str:
+    return {"last": "last", "avg5": f"average of the last {report['averaged_epochs']}"}[kind]
+
+
+def study_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """Per test set, checkpoint kind and BLEU: both systems' mean ± sd (runs), the difference and Welch's test."""
+    baseline, system, base_name, sys_name = _systems(report, names or {})
+    lines = [f"| test set | checkpoint | BLEU | {base_name} | {sys_name} | {sys_name} − {base_name} | t (df) | "
+             f"p (two-sided) | p ({sys_name} > {base_name}) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for test, kinds in report["summary"].items():
+        for kind in kinds:
+            for key, bleu in BLEU_KINDS.items():
+                row = report[key][test][kind]
+                welch = row["welch"]
+                sides = [f"{row[s]['mean']:.2f} ± {row[s]['std']:.2f} ({row[s]['n']})" for s in (baseline, system)]
+                lines.append(f"| {test} | {_checkpoint(report, kind)} | {bleu} | {sides[0]} | {sides[1]} | "
+                             f"{row[system]['mean'] - row[baseline]['mean']:+.2f} | {welch['t']:.2f} "
+                             f"({welch['df']:.1f}) | {format_p(welch['p_two_sided'])} | "
+                             f"{format_p(welch['p_greater'])} |")
+    return lines
+
+
+def study_paired_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """Per test set, checkpoint kind and seed trained in both systems: their sacreBLEU and the paired bootstrap
+    and approximate-randomization p-values."""
+    _, _, base_name, sys_name = _systems(report, names or {})
+    lines = [f"| test set | checkpoint | seed | {base_name} sacreBLEU | {sys_name} sacreBLEU | p (paired bootstrap) | "
+             "p (approximate randomization) |", "|---|---|---:|---:|---:|---:|---:|"]
+    for test, kinds in report["summary"].items():
+        for kind, row in kinds.items():
+            for pair in row["paired"]:
+                lines.append(f"| {test} | {_checkpoint(report, kind)} | {pair['seed']} | {pair['baseline_bleu']:.2f} | "
+                             f"{pair['system_bleu']:.2f} | {format_p(pair['p_bootstrap'])} | "
+                             f"{format_p(pair['p_ar'])} |")
+    return lines
+
+
+def study_runs_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+    """One row per run: updates, wall time, throughput, its best and last validation BLEU, and its test
+    sacreBLEU at both checkpoint kinds."""
+    name = names or {}
+    tests = list(report["summary"])
+    kinds = list(report["summary"][tests[0]])
+    columns = [f"{test} {_checkpoint(report, kind)}" for test in tests for kind in kinds]
+    lines = ["| system | seed | updates | wall time (h) | target tokens/s | best valid BLEU (update) | "
+             "last valid BLEU | " + " | ".join(columns) + " |",
+             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(tests) * len(kinds))]
+    for run in report["runs"]:
+        curve = run["valid_bleu"]
+        best = max(bleu for _, bleu in curve)
+        first = min(update for update, bleu in curve if bleu == best)
+        tokens = run["train_target_tokens_per_second"]
+        lines.append(f"| {name.get(run['system'], run['system'])} | {run['seed']} | {run['num_updates']:,} | "
+                     f"{run['wall_seconds'] / 3600:.1f} | {'—' if tokens is None else f'{tokens:.0f}'} | "
+                     f"{best:.2f} ({first:,}) | {curve[-1][1]:.2f} | "
+                     + " | ".join(f"{run['test'][test][kind]:.2f}" for test in tests for kind in kinds) + " |")
+    return lines

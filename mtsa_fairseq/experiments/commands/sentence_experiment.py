@@ -128,11 +128,16 @@ def _folds(parser: argparse.ArgumentParser, args: argparse.Namespace, manifest: 
     return folds
 
 
+def sets_lr(extra_args: str) -> bool:
+    """Whether ``--extra-args`` sets the learning rate (checked on the raw string, before the costlier checks)."""
+    return any(token == "--lr" or token.startswith("--lr=") for token in extra_args.split())
+
+
 def _rates(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, float], dict | None]:
     """--lr-from's rate per architecture and its search (empty and None without it)."""
     if args.lr_from is None:
         return {}, None
-    if any(token == "--lr" or token.startswith("--lr=") for token in args.extra_args.split()):
+    if sets_lr(args.extra_args):
         parser.error("--extra-args must not set --lr with --lr-from")
     try:
         rates, source = chosen_rates(args.lr_from, args.archs)

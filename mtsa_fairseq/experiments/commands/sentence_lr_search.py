@@ -21,7 +21,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.experiments.commands.sentence_experiment import add_training_arguments, load_training, train_all
+from mtsa_fairseq.experiments.commands.sentence_experiment import (
+    add_training_arguments,
+    load_training,
+    sets_lr,
+    train_all,
+)
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.processes import RunLock, run_command
 from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, TaskConfig
@@ -70,7 +75,7 @@ def _main() -> None:
     args = parser.parse_args()
     if len(set(args.lrs)) != len(args.lrs) or min(args.lrs) <= 0:
         parser.error("--lrs must be positive and must not repeat")
-    if any(token == "--lr" or token.startswith("--lr=") for token in args.extra_args.split()):
+    if sets_lr(args.extra_args):
         parser.error("--extra-args must not set --lr: the search sets it per run")
     config, manifest, extra = load_training(parser, args)
     if manifest.get("num_folds"):

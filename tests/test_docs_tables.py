@@ -239,3 +239,35 @@ def test_docs_tables_render_a_study(tmp_path):
     text, changed = docs_tables.render(doc)
     assert len(changed) == 3 and "stale" not in text
     assert text.count("| test_2016_flickr | average of the last 5 |") == 3
+
+
+def test_a_relatedness_summary_tests_every_metric_and_renders_each():
+    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    results = [{"arch": arch, "seed": seed, "metrics": {"pearson": r, "spearman": r - 0.05, "mse": 0.3 - r / 10}}
+               for arch, rs in (("mtsa_encoder", (0.85, 0.86, 0.87)), ("bilstm_encoder", (0.82, 0.84, 0.83)))
+               for seed, r in zip((1, 2, 3), rs)]
+    summary = experiment.summarize(config, results, "mtsa_encoder")
+    assert summary["archs"]["mtsa_encoder"]["mean"] == pytest.approx(0.86)
+    assert set(summary["other_metrics"]) == {"spearman", "mse"}
+    mse = summary["other_metrics"]["mse"]
+    assert mse["archs"]["bilstm_encoder"]["mean"] == pytest.approx(0.3 - 0.083)
+    assert mse["welch_vs_reference"]["bilstm_encoder"]["difference"] == pytest.approx(-0.003)
+    table = experiment.summary_table(summary, metric="spearman")
+    assert table[0].startswith("| architecture | seeds | spearman per seed |")
+    assert table[2].startswith("| mtsa_encoder | 3 | 0.8000, 0.8100, 0.8200 | 0.8100 ± 0.0100 |")
+    assert experiment.summary_table(summary, metric="pearson") == experiment.summary_table(summary)
+    markdown = experiment.report_markdown(summary)
+    assert "test spearman:" in markdown and "test mse:" in markdown
+    accuracy = experiment.summarize(experiment.TaskConfig(Path("t.yaml"), "t", "trec", "accuracy", {}, {}),
+                                    [{"arch": "a", "seed": 1, "metrics": {"accuracy": 90.0}}], "a")
+    assert "other_metrics" not in accuracy
+
+
+def test_docs_tables_render_another_metric_of_a_summary(tmp_path):
+    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    results = [{"arch": "a", "seed": s, "metrics": {"pearson": 0.8 + s / 100, "mse": 0.3 - s / 100}} for s in (1, 2)]
+    (tmp_path / "report.json").write_text(json.dumps(experiment.summarize(config, results, "a")))
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- table report.json summary metric=mse a=MTSA -->\nstale\n<!-- /table -->\n")
+    text, _ = docs_tables.render(doc)
+    assert "| architecture | seeds | mse per seed |" in text and "| MTSA | 2 | 0.2900, 0.2800 |" in text

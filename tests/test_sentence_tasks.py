@@ -152,6 +152,16 @@ def test_relatedness_regression_reports_pearson_spearman_mse(tmp_path):
     assert set(result["metrics"]) == {"pearson", "spearman", "mse"}
     assert all(1.0 <= p <= 5.0 for p in result["predictions"])
     assert -1.0 <= result["metrics"]["pearson"] <= 1.0 and result["metrics"]["mse"] > 0
+    out = tmp_path / "exp"  # the experiment on SICK's config: Pearson r leads, Spearman rho and MSE beside it
+    run(sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config",
+        str(ROOT / "configs/sentence/sick.yaml"), "--data", str(data), "--archs", "bilstm_encoder", "--seeds", "1",
+        "2", "--out", str(out), "--cpu", "--threads", "1", "--max-update", "10", "--extra-args",
+        "--embed-dim 16 --encoder-hidden-dim 8 --classifier-hidden-dim 8 --validate-interval-updates 5 "
+        "--save-interval-updates 5")
+    report = json.loads((out / "report.json").read_text())
+    assert report["metric"] == "pearson" and set(report["other_metrics"]) == {"spearman", "mse"}
+    assert len(report["other_metrics"]["mse"]["archs"]["bilstm_encoder"]["values"]) == 2
+    assert "test mse:" in (out / "report.md").read_text()
 
 
 def test_cross_validation_folds(tmp_path):

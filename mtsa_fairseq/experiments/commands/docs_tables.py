@@ -4,7 +4,8 @@ A generated table is the block between a line ``<!-- table REPORT KIND [OLD=NEW 
 ``<!-- /table -->``: table KIND of REPORT, a report.json of mtsa-sentence-experiment, a search.json of
 mtsa-sentence-lr-search, a curves JSON or a study.json of mtsa-multi30k-study (path relative to the document), with
 architecture (or run) OLD shown as NEW (``archs=A,B`` keeps only those architectures in a folds table). Kinds:
-summary (per architecture: the metric per seed, mean ± sd, Welch's t-test), cv (cross-validation: best, chosen,
+summary (per architecture: the metric per seed, mean ± sd, Welch's t-test; ``metric=NAME`` for another metric
+of the report, e.g. spearman or mse on SICK), cv (cross-validation: best, chosen,
 last and the paired tests), runs (per run: the tested checkpoint as the run recorded it, its dev metric, the
 last validation), folds (per fold: best, chosen and last of every architecture), anchor (``value=NUMBER
 label=NAME``: one-sample t-tests of every architecture's numbers, per seed or per fold, against a published
@@ -72,6 +73,8 @@ def render(document: Path) -> tuple[str, list[str]]:
         if archs is not None and kind != "folds":
             raise TableError(f"{where}: archs= selects the architectures of a folds table only")
         options: dict = {} if archs is None else {"archs": archs.split(",")}
+        if kind == "summary" and "metric" in names:
+            options["metric"] = names.pop("metric")
         if kind == "anchor":
             try:
                 options.update(value=float(names.pop("value")), label=names.pop("label"))

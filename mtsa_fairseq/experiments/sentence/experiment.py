@@ -277,10 +277,28 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
 
 def summarize(config: TaskConfig, results: list[dict[str, Any]], reference: str) -> dict[str, Any]:
     """Per architecture: the metric per seed (CV: mean over folds), mean, standard deviation; and
-    Welch's t-test of ``reference`` (as the system) against each other architecture (as the baseline)."""
+    Welch's t-test of ``reference`` (as the system) against each other architecture (as the baseline). The
+    task's other metrics (SICK: Spearman's rho and MSE beside Pearson's r) get the same under ``other_metrics``."""
+    archs, tests = _compare(results, config.metric, reference)
+    summary = {"experiment": config.name, "dataset": config.dataset, "metric": config.metric,
+               "reference": reference, "archs": archs, "welch_vs_reference": tests}
+    others = [m for m in results[0]["metrics"] if m != config.metric] if results else []
+    if others:
+        summary["other_metrics"] = {}
+        for metric in others:
+            archs, tests = _compare(results, metric, reference)
+            summary["other_metrics"][metric] = {"archs": archs, "welch_vs_reference": tests}
+    if any(result.get("fold") is not None for result in results):
+        summary["cross_validation"] = cross_validation(config, results, reference)
+    return summary
+
+
+def _compare(results: list[dict[str, Any]], metric: str,
+             reference: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`summarize`'s per-architecture numbers and Welch's tests for one metric."""
     per_seed: dict[str, dict[int, list[float]]] = {}
     for result in results:
-        value = result["metrics"][config.metric]
+        value = result["metrics"][metric]
         per_seed.setdefault(result["arch"], {}).setdefault(result["seed"], []).append(value)
     archs: dict[str, Any] = {}
     for arch, seeds in per_seed.items():
@@ -300,11 +318,7 @@ def summarize(config: TaskConfig, results: list[dict[str, Any]], reference: str)
                 continue
             tests[arch] = {"t": stats.t, "df": stats.df, "p_two_sided": stats.p_two_sided,
                            "p_greater": stats.p_greater, "difference": stats.mean_system - stats.mean_baseline}
-    summary = {"experiment": config.name, "dataset": config.dataset, "metric": config.metric,
-               "reference": reference, "archs": archs, "welch_vs_reference": tests}
-    if any(result.get("fold") is not None for result in results):
-        summary["cross_validation"] = cross_validation(config, results, reference)
-    return summary
+    return archs, tests
 
 
 CV_KINDS = ("best", "chosen", "last")
@@ -381,6 +395,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
         lines += [f"Learning rates: each architecture's, chosen on {source['dataset']} {source['split']} data by the "
                   f"search {source['experiment']} ({source['search']}; rule: {source['rule']}).", ""]
     lines += summary_table(summary)
+    for other in summary.get("other_metrics", {}):
+        lines += ["", f"{summary.get('split', 'test')} {other}:", "", *summary_table(summary, metric=other)]
     if "cross_validation" in summary:
         lines += ["", f"### Cross-validation: held-out {metric}, mean ± sd over runs (seeds x folds); paired t-test "
                   f"of {ref} vs each, matched by seed and fold", "",
@@ -401,9 +417,12 @@ def _p(p: float) -> str:
     return "< 0.001" if p < 0.0005 else f"{p:.3f}"
 
 
-def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    """Per architecture: the metric per seed, mean ± sd, and Welch's t-test of the reference against it (and
-    each architecture's learning rate when a search chose them)."""
+def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
+                  metric: str | None = None) -> list[str]:
+    """Per architecture: the metric (default: the task's; else one of ``other_metrics``) per seed, mean ± sd, and
+    Welch's t-test of the reference against it (and each architecture's learning rate when a search chose them)."""
+    if metric not in (None, summary["metric"]):
+        summary = {**summary, **summary["other_metrics"][metric], "metric": metric}
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
     rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None

@@ -307,10 +307,13 @@ def test_an_empty_result_counts_as_absent(trained, tmp_path):
 
 
 def _start_scorer(trained: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """A scorer in the background; Ctrl-C reaches it even when the tests run with SIGINT ignored (a shell's
+    background job, whose children inherit that and would never see it)."""
     return subprocess.Popen([sys.executable, str(SCRIPT), "--checkpoint", str(trained / "ckpt/checkpoint_last.pt"),
                              "--data-bin", str(trained / "bin"), "--reference", str(trained / "raw/test.de"),
                              "--result", str(out), "--cpu", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.slow

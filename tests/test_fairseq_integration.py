@@ -118,6 +118,29 @@ def test_resume_continues_the_run(trained):
     assert state["optimizer_history"][-1]["num_updates"] == 30
 
 
+def _params_after(data: Path, save: Path, stops: list[int], *extra: str) -> dict[str, torch.Tensor]:
+    """The parameters of a run of transformer_mtsa_tiny (dropout on) stopped and resumed at each update in
+    ``stops``: one fairseq-train process per stop, each resuming from the previous one's checkpoint_last.pt."""
+    for stop in stops:
+        run("fairseq-train", *train_args(data, save, "--arch", "transformer_mtsa_tiny", "--dropout", "0.1",
+                                          "--max-tokens", "512", "--max-update", str(stop), *extra))
+    return checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))["model"]
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one_with_update_epoch_batch_itr(toy_data, tmp_path):
+    """fairseq's translation task composes its batches once per process, from the seed and the epoch the
+    process starts in, so a run resumed after epoch 1 trains on other batches than one that never stopped
+    (docs/results-multi30k.md); with --update-epoch-batch-itr True every epoch composes its own, and a run
+    resumed mid-epoch and at an epoch's end (7 updates per epoch here) equals the uninterrupted one exactly."""
+    data = toy_data / "bin"
+    straight = _params_after(data, tmp_path / "straight", [40], "--update-epoch-batch-itr", "True")
+    resumed = _params_after(data, tmp_path / "resumed", [10, 28, 40], "--update-epoch-batch-itr", "True")
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    default_straight = _params_after(data, tmp_path / "default_straight", [40])
+    default_resumed = _params_after(data, tmp_path / "default_resumed", [28, 40])
+    assert not all(torch.equal(default_straight[k], default_resumed[k]) for k in default_straight)
+
+
 def test_odd_heads_with_bi_directional_masks_fail_at_build(trained, tmp_path):
     root, _ = trained
     proc = run("fairseq-train", *train_args(root / "bin", tmp_path / "x", "--arch", "transformer_mtsa_tiny",

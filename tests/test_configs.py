@@ -75,9 +75,9 @@ def test_setup_numbers_match_reference(setup, system):
         assert not hasattr(ns, "mtsa_s2t_bias_init")
 
 
-def test_bias_init_5_only_in_setup1_mtsa():
+def test_bias_init_5_only_in_setup1_mtsa_and_the_multi30k_ablation():
     with_bias = {p.stem for p in CONFIGS if load_config(p).fairseq.get("mtsa-s2t-bias-init") == 5}
-    assert with_bias == {"setup1_mtsa"}
+    assert with_bias == {"setup1_mtsa", "multi30k_mtsa_s2t_bias5"}
 
 
 @pytest.mark.parametrize("setup", ["setup1", "setup2", "demo"])

@@ -22,11 +22,18 @@ SCRIPT = ROOT / "scripts" / "multi30k_study.py"
 
 
 def test_systems_differ_only_in_the_encoder_self_attention():
-    base, mtsa = (load_config(study.CONFIGS[k]) for k in ("baseline", "system"))
+    base, mtsa = (load_config(study.STUDY.configs[k]) for k in ("baseline", "system"))
     assert (base.arch, mtsa.arch) == ("transformer", "transformer_mtsa")
     strip = lambda options: {k: v for k, v in options.items() if k != "arch" and not is_mtsa_option(k)}  # noqa: E731
     assert strip(base.fairseq) == strip(mtsa.fairseq)
     assert mtsa.fairseq["encoder-self-attention-type"] == "mtsa" and base.max_update == mtsa.max_update == 1000
+
+
+def test_the_ablation_changes_only_the_source2token_bias_of_the_studys_mtsa():
+    mtsa, ablated = (load_config(study.ABLATION.configs[k]) for k in ("baseline", "system"))
+    assert study.ABLATION.configs["baseline"] == study.STUDY.configs["system"]
+    assert {k: v for k, v in ablated.fairseq.items() if mtsa.fairseq.get(k) != v} == {"mtsa-s2t-bias-init": 5.0}
+    assert set(ablated.fairseq) == set(mtsa.fairseq) and mtsa.fairseq["mtsa-s2t-bias-init"] == 0.0
 
 
 def test_missing_release_file_stops_before_anything_is_written(tmp_path):
@@ -67,23 +74,26 @@ def _valid_line(update: int, loss: float, bleu: float) -> str:
             f"nll_loss 1.0 | ppl 2.0 | bleu {bleu} | wps 100 | wpb 100 | bsz 10 | num_updates {update}\n")
 
 
-def _fake_study(out: Path) -> None:
+def _fake_study(out: Path, comparison: study.Comparison = study.STUDY) -> None:
     """What the pipeline and scoring leave for seeds 1 and 2: run records, logs, results of both kinds and the
-    two significance reports (only the fields the study report reads)."""
-    for role, config in study.CONFIGS.items():
+    four significance reports (only the fields the study report reads); runs already there are kept."""
+    for role, config in comparison.configs.items():
         for seed in (1, 2):
             run_dir = out / "runs" / config.stem / f"seed{seed}"
+            if run_dir.exists():
+                continue
             run_dir.mkdir(parents=True)
             (run_dir / "run.json").write_text(json.dumps({
                 "schema": RUN_SCHEMA, "system": role, "max_update": 600, "num_updates": 600, "wall_seconds": 60.0,
-                "train_target_tokens_per_second": 1000.0}))
+                "train_target_tokens_per_second": 1000.0, "peak_rss_mb": 900.0}))
             (run_dir / "train.log").write_text("".join(_valid_line(u, 5 - u / 300, u / 20 + seed)
                                                        for u in (200, 400, 600)))
             for test in study.TESTS:
                 for kind in study.KINDS:
                     path = study.result_path(out, config, seed, test, kind)
                     path.parent.mkdir(exist_ok=True)
-                    bleu = 30.0 + seed + (0.5 if kind == "avg5" else 0) + (1 if role == "system" else 0)
+                    bleu = 30.0 + seed + (0.5 if kind == "avg5" else 0) + (1 if role == "system" else 0) + (
+                        2 if config.stem.endswith("bias5") else 0)
                     path.write_text(json.dumps({"schema": RESULT_SCHEMA, "num_params": 7, "bleu": {
                         "sacrebleu": bleu, "tokenized_compound_split": bleu + 2}}))
     for name, mean in (("report", 31.5), ("report-avg5", 32.0), ("report-tokenized", 33.5),
@@ -91,7 +101,8 @@ def _fake_study(out: Path) -> None:
         groups = [{"test_set": test, "paired": [{"seed": 1, "p_ar": 0.5}], "t_test": {
             "mean_baseline": mean, "std_baseline": 0.7, "n_baseline": 2, "mean_system": mean + 1, "std_system": 0.7,
             "n_system": 2, "t": 1.4, "df": 2.0, "p_two_sided": 0.3, "p_greater": 0.15}} for test in study.TESTS]
-        (out / f"{name}.json").write_text(json.dumps({"schema": "mtsa-fairseq.significance.v1",
+        (out / comparison.reports).mkdir(exist_ok=True)
+        (out / comparison.reports / f"{name}.json").write_text(json.dumps({"schema": "mtsa-fairseq.significance.v1",
                                                       "signature": f"sig-{name}", "groups": groups}))
 
 
@@ -114,6 +125,24 @@ def test_study_report_holds_curves_both_checkpoints_and_the_tests(tmp_path):
     tokenized = report["summary_tokenized"]["test_2016_flickr"]
     assert (tokenized["last"]["Transformer"]["mean"], tokenized["avg5"]["MTSA"]["mean"]) == (33.5, 35.0)
     assert report["sacrebleu_signature"] == "sig-report"
+
+
+def test_the_ablation_reuses_the_studys_mtsa_runs_and_reports_apart(tmp_path):
+    _fake_study(tmp_path)
+    _fake_study(tmp_path, study.ABLATION)
+    report = study.study_report(tmp_path, [1, 2], comparison=study.ABLATION)
+    assert [(run["system"], run["config"], run["seed"]) for run in report["runs"]] == [
+        ("MTSA", "multi30k_mtsa", 1), ("MTSA", "multi30k_mtsa", 2),
+        ("MTSA s2t bias 5", "multi30k_mtsa_s2t_bias5", 1), ("MTSA s2t bias 5", "multi30k_mtsa_s2t_bias5", 2)]
+    assert report["runs"][:2] == study.study_report(tmp_path, [1, 2])["runs"][2:]  # the study's MTSA runs
+    assert report["runs"][2]["test"]["test_2016_flickr"] == {"last": 34.0, "avg5": 34.5}
+    assert set(report["summary"]["test_2016_flickr"]["last"]) == {"MTSA", "MTSA s2t bias 5", "welch", "paired"}
+    study.write_curves(tmp_path, [1, 2], "ablation", comparison=study.ABLATION)
+    assert set(json.loads((tmp_path / "ablation" / "curves.json").read_text())["runs"]) == {
+        "MTSA seed 1", "MTSA seed 2", "MTSA s2t bias 5 seed 1", "MTSA s2t bias 5 seed 2"}
+    assert not (tmp_path / "curves.json").exists()
+    table = study.runs_table(tmp_path, [1, 2], study.ABLATION).splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| multi30k_mtsa"] * 2 + ["| multi30k_mtsa_s2t_bias5"] * 2
 
 
 def test_probe_curves_and_averaged_checkpoint(tmp_path):
@@ -152,7 +181,7 @@ def test_curves_only_reads_the_logs_as_they_stand(tmp_path):
 
 def _probe(out: Path, bleu: dict[str, list[float]]) -> None:
     """Probe logs of seed 1 of both systems: validation BLEU per epoch of 100 updates."""
-    for role, config in study.CONFIGS.items():
+    for role, config in study.STUDY.configs.items():
         run_dir = out / "runs" / config.stem / "seed1"
         run_dir.mkdir(parents=True)
         (run_dir / "train.log").write_text("".join(_valid_line(100 * (i + 1), 4.0, b)
@@ -200,3 +229,14 @@ def test_budget_from_a_probe_is_refused_until_it_fixes_one(tmp_path, monkeypatch
         study._main()
     assert launched[0][launched[0].index("--train-args") + 1] == "--extra-args '--max-update 700'"
     assert "budget: 700 updates, the first validation at which every run of the probe" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", [*args, "--ablation"])
+    with pytest.raises(SystemExit, match="the pipeline failed"):
+        study._main()
+    ablation = launched[1]
+    option = lambda name, n=1: ablation[ablation.index(name) + 1:ablation.index(name) + 1 + n]  # noqa: E731
+    assert option("--baseline-config") == [str(study.STUDY.configs["system"])]
+    assert Path(option("--system-config")[0]).name == "multi30k_mtsa_s2t_bias5.yaml"
+    assert option("--names", 2) == ["MTSA", "MTSA s2t bias 5"]
+    assert option("--report-dir") == [str(tmp_path / "out" / "ablation")]
+    assert option("--out") == [str(tmp_path / "out")] and option("--train-args") == ["--extra-args '--max-update 700'"]
+    assert launched[0][launched[0].index("--report-dir") + 1] == str(tmp_path / "out")

@@ -86,6 +86,27 @@ def test_rerun_reuses_everything_and_scores_an_empty_result_again(finished):
     assert (out / "report.md").exists()
 
 
+def test_a_second_comparison_over_the_same_runs_reports_apart(finished):
+    """--report-dir: another comparison over OUT's runs (here the roles swapped) trains and scores nothing and
+    leaves OUT's own report as it was."""
+    out, args, _ = finished
+    report = (out / "report.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")}
+    swapped = list(args)
+    base, system = swapped.index("--baseline-config") + 1, swapped.index("--system-config") + 1
+    swapped[base], swapped[system] = args[system], args[base]
+    proc = pipeline(*swapped[:swapped.index("--names")], "--names", "Mine", "Base",
+                    *swapped[swapped.index("--names") + 3:], "--report-dir", str(out / "swapped"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "report.md").read_text() == report
+    assert {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")} == stamps
+    swapped_report = json.loads((out / "swapped" / "report.json").read_text())
+    original = json.loads((out / "report.json").read_text())
+    assert swapped_report["groups"][0]["t_test"]["mean_baseline"] == original["groups"][0]["t_test"]["mean_system"]
+    assert "| Mine |" in (out / "swapped" / "report.md").read_text()
+    assert (out / "swapped" / "report.png").is_file() and f"{out / 'swapped' / 'report.md'}" in proc.stdout
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -32,6 +32,13 @@ on a plateau at one validation, the study takes that update as its budget straig
 
 (refused while the probe fixes none; OUT/study.json records the budget and the probe's verdicts there).
 
+The ablation, after the study and in its OUT: MTSA with the MTSA paper's Setup 1 source2token bias
+(configs/multi30k_mtsa_s2t_bias5.yaml, ``--mtsa-s2t-bias-init 5``) against the study's MTSA runs of the same
+seeds, which it reuses, at the same budget, in the same form (every report and table above, in OUT/ablation/):
+
+  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 \
+      --budget-from multi30k-probe --ablation
+
 Rerunning the same command skips finished runs (keyed by config and seed) and existing scores, continues an
 interrupted run from its checkpoint_last.pt and rewrites the reports.
 """
@@ -41,6 +48,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
@@ -56,8 +64,23 @@ from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_js
 from mtsa_fairseq.experiments.processes import RunLock, run_command
 from mtsa_fairseq.experiments.translation.curves import budget, plateau, plot_curves, run_curve
 
-CONFIGS = {"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml", "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"}
-NAMES = {"baseline": "Transformer", "system": "MTSA"}
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two configs trained over the same seeds in one OUT (``runs/``, ``results/``, ``data/`` shared), the
+    baseline's and the system's, with their names in the reports, which go to ``OUT/<reports>``."""
+
+    configs: dict[str, Path]  # "baseline" / "system" -> training config
+    names: dict[str, str]  # "baseline" / "system" -> name in the reports
+    reports: str  # folder of OUT for the reports ("" for OUT itself)
+
+
+STUDY = Comparison({"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml",
+                    "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"},
+                   {"baseline": "Transformer", "system": "MTSA"}, "")
+ABLATION = Comparison({"baseline": PACKAGE_CONFIGS / "multi30k_mtsa.yaml",
+                       "system": PACKAGE_CONFIGS / "multi30k_mtsa_s2t_bias5.yaml"},
+                      {"baseline": "MTSA", "system": "MTSA s2t bias 5"}, "ablation")
 TESTS = ("test_2016_flickr", "test_2017_flickr")
 AVERAGED = 5  # epoch checkpoints averaged (fairseq's average_checkpoints.py --num-epoch-checkpoints 5)
 KINDS = {"last": "", "avg5": "_avg5"}  # checkpoint kind -> result file suffix
@@ -78,12 +101,12 @@ def raw_files(multi30k: Path) -> dict[str, tuple[Path, Path]]:
     return files
 
 
-def runs_table(out: Path, seeds: list[int]) -> str:
+def runs_table(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> str:
     """One Markdown row per run: updates, wall time, target tokens/s, peak RSS, parameters, sacreBLEU per test."""
     rows = ["| system | seed | updates | wall time (min) | target tokens/s | peak RSS (MB) | parameters | "
             + " | ".join(f"sacreBLEU {t}" for t in TESTS) + " |",
             "|---|---|---|---|---|---|---|" + "---|" * len(TESTS)]
-    for config in CONFIGS.values():
+    for config in comparison.configs.values():
         for seed in seeds:
             run = read_json(out / "runs" / config.stem / f"seed{seed}" / "run.json", RUN_SCHEMA, "run record",
                             RuntimeError)
@@ -110,9 +133,9 @@ def averaged_checkpoint(run_dir: Path) -> Path:
     return out
 
 
-def score_averaged(out: Path, seeds: list[int]) -> None:
+def score_averaged(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> None:
     """Score every run's averaged checkpoint on both test sets (scores that exist are kept)."""
-    for config in CONFIGS.values():
+    for config in comparison.configs.values():
         for seed in seeds:
             checkpoint = averaged_checkpoint(out / "runs" / config.stem / f"seed{seed}")
             for test in TESTS:
@@ -125,33 +148,37 @@ def score_averaged(out: Path, seeds: list[int]) -> None:
                     sys.exit(f"error: scoring {checkpoint} on {test} failed")
 
 
-def significance(out: Path, seeds: list[int], kind: str, metric: str, stem: str) -> None:
-    """mtsa-significance over the runs' ``kind`` results: OUT/<stem>.md and .json."""
+def significance(out: Path, seeds: list[int], kind: str, metric: str, stem: str,
+                 comparison: Comparison = STUDY) -> None:
+    """mtsa-significance over the runs' ``kind`` results: <stem>.md and .json in the comparison's reports."""
     files = {role: [str(result_path(out, config, seed, test, kind)) for seed in seeds for test in TESTS]
-             for role, config in CONFIGS.items()}
+             for role, config in comparison.configs.items()}
+    reports = out / comparison.reports
     cmd = command("significance", "--baseline", *files["baseline"], "--system", *files["system"], "--names",
-                  NAMES["baseline"], NAMES["system"], "--metric", metric, "--markdown", str(out / f"{stem}.md"),
-                  "--json", str(out / f"{stem}.json"), "--overwrite")
+                  comparison.names["baseline"], comparison.names["system"], "--metric", metric, "--markdown",
+                  str(reports / f"{stem}.md"), "--json", str(reports / f"{stem}.json"), "--overwrite")
     if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
         sys.exit(f"error: the significance report {stem} failed")
 
 
-def run_curves(out: Path, seeds: list[int]) -> dict[str, dict]:
+def run_curves(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> dict[str, dict]:
     """Every run's validation curve and plateau verdict, keyed ``"<system> seed <k>"``."""
     runs = {}
-    for role, config in CONFIGS.items():
+    for role, config in comparison.configs.items():
         for seed in seeds:
             curve = run_curve(out / "runs" / config.stem / f"seed{seed}")
-            runs[f"{NAMES[role]} seed {seed}"] = {"config": config.stem, "seed": seed, "curve": curve,
+            runs[f"{comparison.names[role]} seed {seed}"] = {"config": config.stem, "seed": seed, "curve": curve,
                                                    "plateau": plateau(curve)}
     return runs
 
 
-def write_curves(out: Path, seeds: list[int], title: str, stem: str = "curves") -> dict[str, dict]:
-    """OUT/<stem>.json and OUT/<stem>.png from the runs' logs; returns the curves."""
-    runs = run_curves(out, seeds)
-    write_json(out / f"{stem}.json", {"schema": STUDY_SCHEMA, "runs": runs})
-    plot_curves({label: run["curve"] for label, run in runs.items()}, out / f"{stem}.png", title)
+def write_curves(out: Path, seeds: list[int], title: str, stem: str = "curves",
+                 comparison: Comparison = STUDY) -> dict[str, dict]:
+    """<stem>.json and <stem>.png in the comparison's reports, from the runs' logs; returns the curves."""
+    runs = run_curves(out, seeds, comparison)
+    reports = out / comparison.reports
+    write_json(reports / f"{stem}.json", {"schema": STUDY_SCHEMA, "runs": runs})
+    plot_curves({label: run["curve"] for label, run in runs.items()}, reports / f"{stem}.png", title)
     return runs
 
 
@@ -166,7 +193,7 @@ def print_verdicts(runs: dict[str, dict]) -> None:
 def probe_budget(probe: Path) -> dict:
     """The budget the probe in ``probe`` fixes (:func:`budget` over all its runs) with each probe run's verdict
     at it; exits with one line while it fixes none."""
-    seeds = sorted({int(d.name.removeprefix("seed")) for config in CONFIGS.values()
+    seeds = sorted({int(d.name.removeprefix("seed")) for config in STUDY.configs.values()
                     for d in (probe / "runs" / config.stem).glob("seed*") if (d / "train.log").is_file()})
     if not seeds:
         sys.exit(f"error: {probe} holds no probe runs (runs/<config>/seed<k>/train.log)")
@@ -181,34 +208,40 @@ def probe_budget(probe: Path) -> dict:
                          for label, run in runs.items()}}
 
 
-def interim_curves(out: Path, seeds: list[int]) -> None:
-    """``--curves-only``: OUT/curves-interim.{json,png} from the logs as they stand (the runs may be training)."""
-    logs = [out / "runs" / config.stem / f"seed{seed}" / "train.log" for config in CONFIGS.values() for seed in seeds]
+def interim_curves(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> None:
+    """``--curves-only``: curves-interim.{json,png} in the comparison's reports, from the logs as they stand (the
+    runs may be training)."""
+    logs = [out / "runs" / config.stem / f"seed{seed}" / "train.log" for config in comparison.configs.values()
+            for seed in seeds]
     missing = [str(log) for log in logs if not log.is_file()]
     if missing:
         sys.exit(f"error: no training log {missing[0]} (start the study or the probe first)")
-    with RunLock(out / ".curves-interim.lock", f"output {out / 'curves-interim.json'}", "curves").acquire():
-        runs = write_curves(out, seeds, "Multi30k: validation curves so far", stem="curves-interim")
+    reports = out / comparison.reports
+    reports.mkdir(parents=True, exist_ok=True)
+    with RunLock(reports / ".curves-interim.lock", f"output {reports / 'curves-interim.json'}", "curves").acquire():
+        runs = write_curves(out, seeds, "Multi30k: validation curves so far", "curves-interim", comparison)
     print_verdicts(runs)
-    print(f"curves so far: {out / 'curves-interim.json'}, {out / 'curves-interim.png'}")
+    print(f"curves so far: {reports / 'curves-interim.json'}, {reports / 'curves-interim.png'}")
 
 
-def study_report(out: Path, seeds: list[int], budget_record: dict | None = None) -> dict:
+def study_report(out: Path, seeds: list[int], budget_record: dict | None = None,
+                 comparison: Comparison = STUDY) -> dict:
     """The machine-readable study: per run its validation curve and test BLEU of both checkpoint kinds (sacreBLEU
     in ``test``, tokenized compound-split BLEU in ``test_tokenized``); per test set and kind the two systems'
     means, standard deviations, Welch's test and the paired tests per seed (``summary``: sacreBLEU,
     ``summary_tokenized``); the budget and where it came from (``budget_record`` of :func:`probe_budget`)."""
-    curves = run_curves(out, seeds)
+    curves = run_curves(out, seeds, comparison)
     runs = []
-    for role, config in CONFIGS.items():
+    for role, config in comparison.configs.items():
         for seed in seeds:
             record = read_json(out / "runs" / config.stem / f"seed{seed}" / "run.json", RUN_SCHEMA, "run record",
                                RuntimeError)
-            curve = curves[f"{NAMES[role]} seed {seed}"]
+            curve = curves[f"{comparison.names[role]} seed {seed}"]
             results = {test: {kind: read_json(result_path(out, config, seed, test, kind), RESULT_SCHEMA, "result",
                                               RuntimeError) for kind in KINDS} for test in TESTS}
             runs.append({
-                "system": NAMES[role], "config": config.stem, "seed": seed, "max_update": record["max_update"],
+                "system": comparison.names[role], "config": config.stem, "seed": seed,
+                "max_update": record["max_update"],
                 "num_updates": record["num_updates"], "wall_seconds": record["wall_seconds"],
                 "train_target_tokens_per_second": record["train_target_tokens_per_second"],
                 "num_params": results[TESTS[0]]["last"]["num_params"],
@@ -218,30 +251,28 @@ def study_report(out: Path, seeds: list[int], budget_record: dict | None = None)
                 "test_tokenized": {test: {kind: results[test][kind]["bleu"]["tokenized_compound_split"]
                                           for kind in KINDS} for test in TESTS},
             })
-    return {"schema": STUDY_SCHEMA, "sacrebleu_signature": _signature(out), "averaged_epochs": AVERAGED,
-            "budget": budget_record, "runs": runs, "summary": _summary(out, ""),
-            "summary_tokenized": _summary(out, "-tokenized")}
+    reports = out / comparison.reports
+    return {"schema": STUDY_SCHEMA, "sacrebleu_signature": _significance_report(reports, "last", "")["signature"],
+            "averaged_epochs": AVERAGED, "budget": budget_record, "runs": runs,
+            "summary": _summary(reports, "", comparison.names),
+            "summary_tokenized": _summary(reports, "-tokenized", comparison.names)}
 
 
-def _significance_report(out: Path, kind: str, suffix: str) -> dict:
-    return read_json(out / f"report{KINDS[kind].replace('_', '-')}{suffix}.json", "mtsa-fairseq.significance.v1",
+def _significance_report(reports: Path, kind: str, suffix: str) -> dict:
+    return read_json(reports / f"report{KINDS[kind].replace('_', '-')}{suffix}.json", "mtsa-fairseq.significance.v1",
                      "significance report", RuntimeError)
 
 
-def _signature(out: Path) -> str:
-    return _significance_report(out, "last", "")["signature"]
-
-
-def _summary(out: Path, suffix: str) -> dict[str, dict]:
+def _summary(reports: Path, suffix: str, names: dict[str, str]) -> dict[str, dict]:
     """Per test set and checkpoint kind, from the significance reports ``report[-avg5]<suffix>.json``: both
     systems' mean, standard deviation and run count, Welch's test and the per-seed paired tests."""
     summary: dict[str, dict] = {}
     for kind in KINDS:
-        for group in _significance_report(out, kind, suffix)["groups"]:
+        for group in _significance_report(reports, kind, suffix)["groups"]:
             t = group["t_test"]
             summary.setdefault(group["test_set"], {})[kind] = {
-                NAMES["baseline"]: {"mean": t["mean_baseline"], "std": t["std_baseline"], "n": t["n_baseline"]},
-                NAMES["system"]: {"mean": t["mean_system"], "std": t["std_system"], "n": t["n_system"]},
+                names["baseline"]: {"mean": t["mean_baseline"], "std": t["std_baseline"], "n": t["n_baseline"]},
+                names["system"]: {"mean": t["mean_system"], "std": t["std_system"], "n": t["n_system"]},
                 "welch": {"t": t["t"], "df": t["df"], "p_two_sided": t["p_two_sided"], "p_greater": t["p_greater"]},
                 "paired": group["paired"],
             }
@@ -272,7 +303,13 @@ def _main() -> None:
                         help="the probe's output directory: train every run to the budget its validation curves "
                              "fix (the first validation at which all its runs are on a plateau); refused while "
                              "there is none")
+    parser.add_argument("--ablation", action="store_true",
+                        help="the ablation instead of the study: configs/multi30k_mtsa_s2t_bias5.yaml (the MTSA "
+                             "paper's Setup 1 source2token bias, --mtsa-s2t-bias-init 5) against "
+                             "configs/multi30k_mtsa.yaml, reusing the study's MTSA runs in OUT; its reports go to "
+                             "OUT/ablation/")
     args = parser.parse_args()
+    comparison = ABLATION if args.ablation else STUDY
     if args.max_update is not None and args.max_update < 1:
         parser.error("--max-update must be positive")
     if args.budget_from is not None and (args.max_update is not None or args.train_only or args.curves_only):
@@ -280,7 +317,7 @@ def _main() -> None:
     if args.curves_only:
         if args.max_update is not None or args.train_only:
             parser.error("--curves-only trains nothing: drop --max-update and --train-only")
-        interim_curves(args.out.resolve(), args.seeds)
+        interim_curves(args.out.resolve(), args.seeds, comparison)
         return
     if args.multi30k is None:
         parser.error("--multi30k is required (the Multi30k task 1 directory)")
@@ -296,8 +333,10 @@ def _main() -> None:
 
     cmd = [*command("pipeline"), "--out", str(args.out), "--vocab-size", "8000",
            "--train", *map(str, files["train"]), "--valid", *map(str, files["val"]),
-           "--baseline-config", str(CONFIGS["baseline"]), "--system-config", str(CONFIGS["system"]),
-           "--seeds", *map(str, args.seeds), "--parallel", "--threads", str(args.threads)]
+           "--baseline-config", str(comparison.configs["baseline"]), "--system-config",
+           str(comparison.configs["system"]), "--names", comparison.names["baseline"], comparison.names["system"],
+           "--report-dir", str(args.out / comparison.reports), "--seeds", *map(str, args.seeds), "--parallel",
+           "--threads", str(args.threads)]
     for test in TESTS:
         cmd += ["--test", test, *map(str, files[test])]
     if args.max_update is not None:
@@ -307,26 +346,27 @@ def _main() -> None:
     if subprocess.run(cmd).returncode != 0:
         sys.exit("error: the pipeline failed (its logs are in --out)")
     out = args.out.resolve()
+    reports = out / comparison.reports
+    title = "Multi30k ablation" if args.ablation else "Multi30k study"
     if args.train_only:
-        print_verdicts(write_curves(out, args.seeds, "Multi30k probe: validation curves"))
-        print(f"curves: {out / 'curves.json'}, {out / 'curves.png'}")
+        print_verdicts(write_curves(out, args.seeds, f"{title}: validation curves", comparison=comparison))
+        print(f"curves: {reports / 'curves.json'}, {reports / 'curves.png'}")
         return
     try:
-        score_averaged(out, args.seeds)
+        score_averaged(out, args.seeds, comparison)
     except AverageError as err:
         sys.exit(f"error: {err}")
-    significance(out, args.seeds, "avg5", "sacrebleu", "report-avg5")
-    significance(out, args.seeds, "last", "tokenized_compound_split", "report-tokenized")
-    significance(out, args.seeds, "avg5", "tokenized_compound_split", "report-avg5-tokenized")
-    table = runs_table(out, args.seeds)
-    write_atomic(out / "runs.md", table)
-    write_curves(out, args.seeds, "Multi30k study: validation curves of every run")
-    write_json(out / "study.json", study_report(out, args.seeds, budget_record))
-    print(table + f"\nreports: {out / 'report.md'} (sacreBLEU, checkpoint_last), {out / 'report-avg5.md'} "
-          f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {out / 'report-tokenized.md'} "
-          f"and {out / 'report-avg5-tokenized.md'} (tokenized, compound-split BLEU), {out / 'runs.md'}, "
-          f"{out / 'curves.png'}, {out / 'study.json'}")
-
+    significance(out, args.seeds, "avg5", "sacrebleu", "report-avg5", comparison)
+    significance(out, args.seeds, "last", "tokenized_compound_split", "report-tokenized", comparison)
+    significance(out, args.seeds, "avg5", "tokenized_compound_split", "report-avg5-tokenized", comparison)
+    table = runs_table(out, args.seeds, comparison)
+    write_atomic(reports / "runs.md", table)
+    write_curves(out, args.seeds, f"{title}: validation curves of every run", comparison=comparison)
+    write_json(reports / "study.json", study_report(out, args.seeds, budget_record, comparison))
+    print(table + f"\nreports: {reports / 'report.md'} (sacreBLEU, checkpoint_last), {reports / 'report-avg5.md'} "
+          f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {reports / 'report-tokenized.md'} "
+          f"and {reports / 'report-avg5-tokenized.md'} (tokenized, compound-split BLEU), {reports / 'runs.md'}, "
+          f"{reports / 'curves.png'}, {reports / 'study.json'}")
 
 def main() -> None:
     """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""

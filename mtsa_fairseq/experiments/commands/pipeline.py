@@ -193,6 +193,9 @@ def _main() -> None:
     parser.add_argument("--train-only", action="store_true",
                         help="prepare and train, then stop: no test set is translated (a learning-curve probe "
                              "chooses a budget on validation data before any test set is scored)")
+    parser.add_argument("--report-dir", type=Path,
+                        help="where report.md, .json and .png go (default: OUT); another comparison over the runs "
+                             "of OUT, e.g. an ablation against OUT's system, keeps OUT's own report")
     args = parser.parse_args()
 
     if args.data and args.train:
@@ -222,6 +225,7 @@ def _main() -> None:
     check_configs(args)
     start = time.time()
     args.out = args.out.resolve()
+    args.report_dir = (args.report_dir or args.out).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     with RunLock(args.out / ".lock", f"pipeline output {args.out}", "pipeline").acquire():
         run_pipeline(args, start)
@@ -241,12 +245,13 @@ def run_pipeline(args: argparse.Namespace, start: float) -> None:
     log("3/4 translating and scoring the test sets")
     results = score(args, data)
     log("4/4 significance report")
+    args.report_dir.mkdir(parents=True, exist_ok=True)
     report = ["--baseline", *map(str, results["baseline"]), "--system", *map(str, results["system"]),
-              "--names", *args.names, "--markdown", str(args.out / "report.md"), "--json",
-              str(args.out / "report.json"), "--plot", str(args.out / "report.png"),
+              "--names", *args.names, "--markdown", str(args.report_dir / "report.md"), "--json",
+              str(args.report_dir / "report.json"), "--plot", str(args.report_dir / "report.png"),
               "--overwrite"]  # derived from the result files: rewritten (atomically) every time
     run_script("significance", *report)
-    log(f"done in {time.time() - start:.0f} s: {args.out / 'report.md'}, {args.out / 'report.png'}")
+    log(f"done in {time.time() - start:.0f} s: {args.report_dir / 'report.md'}, {args.report_dir / 'report.png'}")
 
 
 def main() -> None:

@@ -58,6 +58,8 @@ def test_setup_numbers_match_reference(setup, system):
     assert ns.weight_decay == 0 and ns.clip_norm == 0
     assert ns.max_tokens == want["tokens"] and ns.update_freq == [1] and ns.max_update == want["updates"]
     assert config.nodes * config.gpus_per_node == want["gpus"]
+    # every epoch composes its own batches: a preempted run resumes exactly (test_fairseq_integration.py)
+    assert convert_namespace_to_omegaconf(ns).dataset.update_epoch_batch_itr is True
     assert ns.encoder_normalize_before and ns.decoder_normalize_before and ns.share_all_embeddings
     assert ns.dropout == ns.attention_dropout == ns.activation_dropout == 0.1
     assert ns.criterion == "label_smoothed_cross_entropy" and ns.label_smoothing == 0.1

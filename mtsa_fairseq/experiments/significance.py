@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from mtsa_fairseq.contracts import BLEU_METRICS, RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.experiments.plotting import pyplot
 
 TESTS = ("welch", "student")
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}
@@ -481,10 +482,7 @@ def comparison_to_json(comparison: Comparison, names: tuple[str, str]) -> dict[s
 
 def plot(comparison: Comparison, names: tuple[str, str], path: Path) -> None:
     """BLEU per seed for both systems, one panel per group, means as horizontal lines (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = comparison.groups
     fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.6), squeeze=False)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from mtsa_fairseq.experiments.files import atomic_path, write_json
+from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import run_command
 
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
@@ -114,13 +115,7 @@ def _cell(value: float | str | None, spec: str, memory: float | str | None = Non
 
 
 def plot(result: dict, path: Path) -> None:
-    import logging
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for name in result["encoders"]:

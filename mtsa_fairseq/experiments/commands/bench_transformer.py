@@ -17,7 +17,6 @@ Writes a Markdown table (``--markdown``), the raw numbers (``--json``) and a plo
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from mtsa_fairseq.experiments.files import atomic_path, write_atomic, write_json
+from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import run_command
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
@@ -176,11 +176,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets the root logger to DEBUG
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     lengths = [r["L"] for r in result["encoder"]]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))

@@ -42,6 +42,7 @@ from mtsa_fairseq.experiments.fairseq_train import (
     read_config_file,
 )
 from mtsa_fairseq.experiments.files import atomic_path, write_json
+from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged
 from mtsa_fairseq.experiments.runs import (
     finish_run,
@@ -583,10 +584,7 @@ def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Pa
     the experiment's ``name``: the mean over runs (seeds, or seeds x folds) at each validation step that every
     run of that architecture reached, the band from their lowest to their highest value there, and each run's
     own curve as a thin line to where it stopped."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     curves: dict[str, list[dict[int, float]]] = {}
     for run in runs:

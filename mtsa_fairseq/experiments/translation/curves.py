@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mtsa_fairseq.experiments.plotting import pyplot
+
 _VALID = re.compile(r"\| valid \| .*")
 _FIELD = re.compile(r"\| (loss|bleu|num_updates) ([0-9.]+)")
 PLATEAU_FRACTION = 0.75  # the last quarter of the updates ...
@@ -103,13 +105,7 @@ def plateau_table(report: dict[str, Any], names: dict[str, str] | None = None) -
 
 def plot_curves(runs: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
     """Validation BLEU and loss against updates, one line per run (``runs``: label -> curve), one PNG."""
-    import logging
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (bleu_ax, loss_ax) = plt.subplots(1, 2, figsize=(13, 4.5))
     styles = {}

@@ -2,6 +2,7 @@
 in test_pipeline.py; the study's configs are checked in test_configs.py)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -141,6 +142,9 @@ def test_the_ablation_reuses_the_studys_mtsa_runs_and_reports_apart(tmp_path):
     assert set(json.loads((tmp_path / "ablation" / "curves.json").read_text())["runs"]) == {
         "MTSA seed 1", "MTSA seed 2", "MTSA s2t bias 5 seed 1", "MTSA s2t bias 5 seed 2"}
     assert not (tmp_path / "curves.json").exists()
+    shutil.rmtree(tmp_path / "ablation")
+    study.interim_curves(tmp_path, [1, 2], study.ABLATION)  # --ablation --curves-only, before any report
+    assert "MTSA s2t bias 5 seed 2" in json.loads((tmp_path / "ablation" / "curves-interim.json").read_text())["runs"]
     table = study.runs_table(tmp_path, [1, 2], study.ABLATION).splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| multi30k_mtsa"] * 2 + ["| multi30k_mtsa_s2t_bias5"] * 2
 

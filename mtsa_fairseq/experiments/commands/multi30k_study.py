@@ -168,7 +168,7 @@ def run_curves(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> d
         for seed in seeds:
             curve = run_curve(out / "runs" / config.stem / f"seed{seed}")
             runs[f"{comparison.names[role]} seed {seed}"] = {"config": config.stem, "seed": seed, "curve": curve,
-                                                   "plateau": plateau(curve)}
+                                                              "plateau": plateau(curve)}
     return runs
 
 
@@ -177,6 +177,7 @@ def write_curves(out: Path, seeds: list[int], title: str, stem: str = "curves",
     """<stem>.json and <stem>.png in the comparison's reports, from the runs' logs; returns the curves."""
     runs = run_curves(out, seeds, comparison)
     reports = out / comparison.reports
+    reports.mkdir(parents=True, exist_ok=True)
     write_json(reports / f"{stem}.json", {"schema": STUDY_SCHEMA, "runs": runs})
     plot_curves({label: run["curve"] for label, run in runs.items()}, reports / f"{stem}.png", title)
     return runs

@@ -348,7 +348,7 @@ def _main() -> None:
         sys.exit("error: the pipeline failed (its logs are in --out)")
     out = args.out.resolve()
     reports = out / comparison.reports
-    title = "Multi30k ablation" if args.ablation else "Multi30k study"
+    title = "Multi30k ablation" if args.ablation else "Multi30k probe" if args.train_only else "Multi30k study"
     if args.train_only:
         print_verdicts(write_curves(out, args.seeds, f"{title}: validation curves", comparison=comparison))
         print(f"curves: {reports / 'curves.json'}, {reports / 'curves.png'}")
@@ -368,6 +368,7 @@ def _main() -> None:
           f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {reports / 'report-tokenized.md'} "
           f"and {reports / 'report-avg5-tokenized.md'} (tokenized, compound-split BLEU), {reports / 'runs.md'}, "
           f"{reports / 'curves.png'}, {reports / 'study.json'}")
+
 
 def main() -> None:
     """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""

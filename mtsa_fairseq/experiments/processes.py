@@ -163,11 +163,16 @@ def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str]
     """Run ``command`` holding ``lock``, appending its output to ``log_path`` (if given) and to stdout (if
     ``echo``), and passing each line to ``on_line`` (e.g. an :class:`UpdateProgress`).
 
+    A Python child writes unbuffered (``PYTHONUNBUFFERED=1`` unless ``env`` says otherwise), so its stdout and
+    stderr lines reach the log in the order written (the last line of a failed fairseq command is its error,
+    not stdout flushed at exit) and progress lines arrive as printed.
+
     Any exception here (Ctrl-C, :class:`Terminated`) stops the child's whole process group (SIGTERM, then
     SIGKILL after 30 s) before it propagates. Returns the exit status, the peak resident set in MB of the
     largest process of the child's tree (``ru_maxrss``) and the output of this session."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            errors="replace", env={**os.environ, **(env or {})}, **child_options(lock))
+                            errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                            **child_options(lock))
     if lock is not None:
         lock.record_holders(launcher=os.getpid(), trainer=proc.pid)
     _LIVE.add(proc)

@@ -38,15 +38,17 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 600.0) -> Any:
-    """The first true value of ``condition()``, polled every 0.2 s for at most ``timeout`` seconds."""
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 600.0,
+             state: Callable[[], str] | None = None) -> Any:
+    """The first true value of ``condition()``, polled every 0.2 s for at most ``timeout`` seconds; a timeout
+    names ``what`` and, if given, what ``state()`` then says."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f"; {state()}" if state else ""))
 
 
 def trainer_list_is(run_dir: Path, pids: list[int]) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from process_helpers import trainers_on, wait_for
+from process_helpers import processes_naming, trainers_on, wait_for
 
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
@@ -28,6 +28,16 @@ def tiny_config(directory: Path, demo: str) -> Path:
     path = directory / f"{config['name']}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def run_state(run_dir: Path) -> str:
+    """What a run directory says: run.json's status and error, the live train_seeds processes, train.log's end."""
+    record = json.loads((run_dir / "run.json").read_text())
+    log_path = run_dir / "train.log"
+    log = log_path.read_text(errors="replace").splitlines()[-5:] if log_path.is_file() else []
+    launchers = processes_naming(run_dir.parent.parent, "train_seeds")
+    return (f"run.json status {record.get('status')!r} error {record.get('error')!r}; train_seeds pids {launchers}; "
+            "train.log ends:\n" + "\n".join(log))
 
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
@@ -167,4 +177,4 @@ def test_killed_pipeline_leaves_no_trainer_and_a_second_one_is_refused(tmp_path)
     first.wait()
     wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=300)
     wait_for(lambda: json.loads((run_dir / "run.json").read_text())["status"] == "interrupted",
-             "train_seeds to record the run as interrupted", timeout=120)
+             "train_seeds to record the run as interrupted", timeout=120, state=lambda: run_state(run_dir))

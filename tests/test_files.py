@@ -1,12 +1,15 @@
 """Outputs written whole or not at all (mtsa_fairseq/experiments/files.py) and the commands' one-line failures."""
 
 import errno
+import json
 import os
+import signal
+import time
 
 import pytest
 
 from mtsa_fairseq.experiments import files
-from mtsa_fairseq.experiments.processes import LockBusy, run_command
+from mtsa_fairseq.experiments.processes import LockBusy, Terminated, run_command, terminate_on_sigterm
 from mtsa_fairseq.experiments.runs import record_interrupted, resume_point, write_run
 
 
@@ -53,6 +56,28 @@ def test_run_record_survives_a_full_disk(tmp_path, monkeypatch, capsys):
     record_interrupted(tmp_path, {"status": "running", "wall_seconds": 1.0}, 0.0)
     assert "could not record the interruption" in capsys.readouterr().err
     assert (tmp_path / "run.json").read_text() == '{\n "status": "running",\n "wall_seconds": 1.0\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_a_second_interruption_waits_for_the_interruption_record(tmp_path, monkeypatch):
+    """SIGTERM arriving while the interruption is recorded (a launcher's death signal just after its output pipe
+    broke; Ctrl-C twice) is raised once run.json says interrupted, not in the middle of writing it."""
+    write_run(tmp_path, {"status": "running", "wall_seconds": 1.0})
+    fsync = files.os.fsync
+
+    def signalled_fsync(fd: int) -> None:
+        signal.raise_signal(signal.SIGTERM)
+        fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", signalled_fsync)
+    previous = signal.getsignal(signal.SIGTERM)
+    terminate_on_sigterm()
+    try:
+        with pytest.raises(Terminated):
+            record_interrupted(tmp_path, {"status": "running", "wall_seconds": 1.0}, time.monotonic())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert json.loads((tmp_path / "run.json").read_text())["status"] == "interrupted"
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 

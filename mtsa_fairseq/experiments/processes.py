@@ -17,6 +17,7 @@ KeyboardInterrupt does.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,27 @@ def terminate_on_sigterm() -> None:
     """Make SIGTERM raise :class:`Terminated` in the main thread (Python's default exits without cleanup)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+@contextlib.contextmanager
+def interruptions_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back for the block (in the main thread; elsewhere Python runs no handler): a
+    record written on the way out of an interruption is written whole when a second one arrives meanwhile
+    (Ctrl-C twice; a launcher's death signal just after its output pipe broke). A held signal is delivered when
+    the block ends, to the handler that was in place."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: held.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])
 
 
 def find_executable(name: str) -> str:

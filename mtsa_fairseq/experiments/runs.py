@@ -22,6 +22,7 @@ from mtsa_fairseq.experiments.checkpoint_average import (
 )
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.files import atomic_path, write_json
+from mtsa_fairseq.experiments.processes import interruptions_held
 
 _WPS = re.compile(r"\| train_inner \| .*\bwps=([0-9.]+)")
 _LOGGED_UPDATES = re.compile(r"\bnum_updates[= ](\d+)")
@@ -125,12 +126,14 @@ def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
 
 
 def record_interrupted(run_dir: Path, record: dict[str, Any], start: float) -> None:
-    """Write ``record`` as interrupted, adding the session begun at ``start`` (``time.monotonic()``). Best
-    effort: it runs while an interruption or a failure propagates, which a full disk must not replace (the
-    record then keeps its previous state, and the next launch reads the checkpoints, not the record)."""
+    """Write ``record`` as interrupted, adding the session begun at ``start`` (``time.monotonic()``), with
+    Ctrl-C and SIGTERM held back until it is written. Best effort: it runs while an interruption or a failure
+    propagates, which a full disk must not replace (the record then keeps its previous state, and the next
+    launch reads the checkpoints, not the record)."""
     try:
-        write_run(run_dir, {**record, "status": "interrupted",
-                            "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
+        with interruptions_held():
+            write_run(run_dir, {**record, "status": "interrupted",
+                                "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
     except OSError as err:
         print(f"warning: could not record the interruption in {Path(run_dir) / 'run.json'}: "
               f"{err.strerror or err}", file=sys.stderr)

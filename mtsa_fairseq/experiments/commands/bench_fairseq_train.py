@@ -6,6 +6,9 @@ lengths as bench_transformer draws them: a normal of mean 27 and sd 12 pieces cl
 updates at each ``--max-tokens``, each run in a fresh process, the archs alternating (ABBA) over
 ``--repeats``. Throughput is the median of fairseq's own ``wps`` (target tokens per second) over the log
 intervals after ``--skip-updates``; peak memory is torch's peak allocation on the GPU over the whole run.
+``--profile START END`` also profiles updates START to END of every run, inside the skipped ones, and writes
+where the time went beside the run's log: host time inside and outside fairseq's train_step, GPU kernel time,
+kernel launches and host synchronisations per update (torch.profiler), and the host's Python hot spots (cProfile).
 
   mtsa-bench-fairseq-train --device cuda --precision fp16 --max-tokens 4096 8192 --markdown bench.md
 
@@ -15,12 +18,16 @@ Every option of the runs is printed with the table; ratios are the last arch's o
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from mtsa_fairseq.experiments.files import write_atomic, write_json
@@ -90,7 +97,13 @@ def throughput(log: str, skip_updates: int) -> float:
 
 def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int, run: int) -> dict:
     """One fairseq-train run in a fresh process: its throughput and peak memory (its log kept in ``--logs``)."""
-    child = [sys.executable, __file__, "--child", json.dumps(fairseq_args(args, data, arch, max_tokens))]
+    spec = {"argv": fairseq_args(args, data, arch, max_tokens)}
+    if not args.cudnn_attention:
+        spec["cudnn_attention"] = False
+    if args.profile is not None:
+        spec["profile"] = args.profile
+        spec["report"] = str(args.logs / f"{arch}-{max_tokens}-run{run}.profile.txt")
+    child = [sys.executable, __file__, "--child", json.dumps(spec)]
     proc = subprocess.run(child, capture_output=True, text=True)
     if args.logs is not None:
         write_atomic(args.logs / f"{arch}-{max_tokens}-run{run}.log", proc.stdout + proc.stderr)
@@ -103,17 +116,88 @@ def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int,
             "peak_mb": json.loads(lines[-1])["peak_mb"]}
 
 
-def child(argv: list[str]) -> None:
-    """fairseq-train in this process, then the peak memory as one JSON line (GPU: torch's allocator peak over
-    the run; CPU: the resident set's high-water mark)."""
+def profile_updates(first: int, last: int, report: Path, cuda: bool) -> None:
+    """Profile fairseq's updates ``first`` to ``last`` (counted from 1) of this process and write ``report``."""
+    import torch
+    from fairseq.trainer import Trainer
+
+    train_step = Trainer.train_step
+    state = {"update": 0, "inside": 0.0}
+    host = cProfile.Profile()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    kernels = torch.profiler.profile(activities=activities)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def profiled(self, *args, **kwargs):
+        state["update"] += 1
+        if state["update"] == first:
+            sync()
+            state["start"] = time.perf_counter()
+            kernels.start()
+            host.enable()
+        entered = time.perf_counter()
+        try:
+            return train_step(self, *args, **kwargs)
+        finally:
+            if first <= state["update"] <= last:
+                state["inside"] += time.perf_counter() - entered
+            if state["update"] == last:
+                host.disable()
+                sync()
+                kernels.stop()
+                wall = time.perf_counter() - state["start"]
+                write_atomic(report, profile_report(kernels, host, wall, state["inside"], last - first + 1))
+
+    Trainer.train_step = profiled
+
+
+def profile_report(kernels, host: cProfile.Profile, wall: float, inside: float, updates: int) -> str:
+    """The text of a ``--profile`` report: per-update times and counts, then the torch.profiler and cProfile
+    tables."""
+    events = kernels.key_averages()
+    # kernels only: fairseq's record_function ranges also appear on the GPU timeline, as user annotations
+    device_us = sum(e.self_device_time_total for e in events
+                    if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False))
+    calls = {e.key: e.count for e in events}
+    per = 1000.0 / updates
+    lines = [
+        f"updates profiled: {updates} (both profilers on: times are inflated by their overhead)",
+        f"wall per update: {wall * per:.1f} ms, of which inside Trainer.train_step (host): {inside * per:.1f} ms",
+        f"GPU kernel time per update: {device_us / 1000 / updates:.1f} ms",
+        *(f"{name} per update: {calls.get(name, 0) / updates:.1f}" for name in (
+            "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaStreamSynchronize",
+            "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::item", "aten::_local_scalar_dense")),
+        "", "torch.profiler, by self CPU time:",
+        events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60),
+    ]
+    if device_us:
+        lines += ["torch.profiler, by CUDA time:",
+                  events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60)]
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(host, stream=text).sort_stats(order).print_stats(35)
+        lines += [f"cProfile of the host, by {order}:", text.getvalue()]
+    return "\n".join(lines) + "\n"
+
+
+def child(spec: dict) -> None:
+    """fairseq-train in this process (``spec["argv"]``, optionally profiled), then the peak memory as one JSON
+    line (GPU: torch's allocator peak over the run; CPU: the resident set's high-water mark)."""
     import torch
     from fairseq_cli.train import cli_main
 
     import mtsa_fairseq.plugin  # noqa: F401  (the package is imported already, so --user-dir registers nothing)
 
+    argv = spec["argv"]
     sys.argv = ["fairseq-train", *argv]
     # fairseq's trainer resets the peak after every update (its gb_free); keep it for the whole run instead
     torch.cuda.reset_peak_memory_stats = lambda *args, **kwargs: None
+    torch.backends.cuda.enable_cudnn_sdp(spec.get("cudnn_attention", True))
+    if "profile" in spec:
+        profile_updates(*spec["profile"], Path(spec["report"]), cuda="--cpu" not in argv)
     cli_main()
     if torch.cuda.is_available() and "--cpu" not in argv:
         peak = torch.cuda.max_memory_allocated() / 2**20
@@ -151,10 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where to train (default: cuda)")
     parser.add_argument("--precision", choices=["fp16", "amp", "fp32"], default="fp16",
                         help="fairseq's --fp16, --amp, or neither (default: fp16)")
+    parser.add_argument("--no-cudnn-attention", dest="cudnn_attention", action="store_false",
+                        help="keep scaled_dot_product_attention off its cuDNN backend in every run "
+                             "(torch.backends.cuda.enable_cudnn_sdp(False)); default: torch's choice")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     parser.add_argument("--logs", type=Path, help="keep each run's fairseq-train log in this directory")
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one fairseq-train run, argv as JSON
+    parser.add_argument("--profile", type=int, nargs=2, metavar=("START", "END"),
+                        help="profile updates START-END of every run (within --skip-updates) and write each "
+                             "run's report to --logs as ARCH-MAX_TOKENS-runN.profile.txt")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one fairseq-train run, as JSON
     return parser
 
 
@@ -174,6 +264,12 @@ def _main() -> None:
             parser.error(f"output directory {out.parent} does not exist")
     if args.logs is not None and not args.logs.is_dir():
         parser.error(f"--logs {args.logs} is not a directory")
+    if args.profile is not None:
+        first, last = args.profile
+        if args.logs is None:
+            parser.error("--profile needs --logs (the reports are written there)")
+        if not 1 <= first <= last <= args.skip_updates:
+            parser.error("--profile START END needs 1 <= START <= END <= --skip-updates")
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -186,7 +282,9 @@ def _main() -> None:
     settings = (f"{device}, torch {torch.__version__}, fairseq {fairseq_version}: fairseq-train "
                 f"{'in float32' if args.precision == 'fp32' else '--' + args.precision}, "
                 f"{args.updates} updates per run (throughput over updates {args.skip_updates + 1}-{args.updates}), "
-                f"{args.repeats} run(s) per cell, vocabulary {args.vocab}, options {' '.join(TRAIN_OPTIONS)}")
+                f"{args.repeats} run(s) per cell, vocabulary {args.vocab}, "
+                f"{'cuDNN attention as torch chooses' if args.cudnn_attention else 'cuDNN attention off'}, "
+                f"options {' '.join(TRAIN_OPTIONS)}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data-bin"

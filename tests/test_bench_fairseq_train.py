@@ -1,0 +1,61 @@
+"""scripts/bench_fairseq_train.py: fairseq-train's throughput read from its own log lines, the usage errors, and a
+tiny CPU run end to end with a profiled window and cuDNN attention off."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtsa_fairseq.experiments.commands.bench_fairseq_train import throughput
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_fairseq_train.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=1500)
+
+
+def test_throughput_is_the_median_wps_past_the_skipped_updates():
+    log = "\n".join([
+        "epoch 001: 10 / 99 loss=9.1, wps=100.0, ups=1.0, num_updates=10, lr=1e-05",
+        "epoch 001: 20 / 99 loss=9.0, wps=300.0, ups=1.0, num_updates=20, lr=2e-05",
+        "epoch 001: 30 / 99 loss=8.9, num_updates=30, wps=200.0, lr=3e-05",
+        "epoch 001: 40 / 99 loss=8.8, wps=900.0, ups=1.0, num_updates=40, lr=4e-05",
+    ]).replace("epoch", "| INFO | train_inner | epoch")
+    assert throughput(log, skip_updates=10) == 300.0
+    with pytest.raises(RuntimeError, match="past update 40"):
+        throughput(log, skip_updates=40)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--profile", "2", "3"], "--profile needs --logs"),
+    (["--profile", "2", "9", "--logs", "."], "START <= END <= --skip-updates"),
+    (["--profile", "0", "3", "--logs", "."], "--profile must be positive"),
+])
+def test_profile_usage_errors(args, message):
+    proc = run("--device", "cpu", "--precision", "fp32", "--updates", "10", "--skip-updates", "5", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+@pytest.mark.slow
+def test_tiny_cpu_run_writes_the_table_and_a_profile_of_each_run(tmp_path):
+    out, logs = tmp_path / "bench.json", tmp_path / "logs"
+    logs.mkdir()
+    proc = run("--device", "cpu", "--precision", "fp32", "--archs", "transformer_tiny", "transformer_mtsa_tiny",
+               "--max-tokens", "256", "--updates", "8", "--skip-updates", "5", "--log-interval", "1", "--vocab", "100",
+               "--pairs", "200", "--profile", "3", "4", "--no-cudnn-attention", "--logs", str(logs), "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "cuDNN attention off" in result["settings"]
+    row = result["rows"][0]
+    assert row["max_tokens"] == 256 and all(row["tok_s"][a] > 0 for a in result["archs"])
+    for arch in ("transformer_tiny", "transformer_mtsa_tiny"):
+        report = (logs / f"{arch}-256-run1.profile.txt").read_text()
+        assert report.startswith("updates profiled: 2 ")
+        assert "of which inside Trainer.train_step (host)" in report
+        assert "torch.profiler, by self CPU time:" in report and "aten::mm" in report
+        assert "cProfile of the host, by cumulative:" in report and "trainer.py" in report
+        assert (logs / f"{arch}-256-run1.log").is_file()

@@ -2,8 +2,11 @@
 entry points, runnable from a clone as ``scripts/<name>.py``, with help text on every option."""
 
 import ast
+import io
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,18 @@ def test_every_option_has_help(path):
             if not any(k.arg == "help" for k in node.keywords):
                 missing.append(ast.unparse(node.args[0]) if node.args else "?")
     assert missing == [], f"{path.name}: options without help: {missing}"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS_DIR.glob("*.py")), ids=lambda p: p.stem)
+def test_help_text_keeps_its_line_breaks(path):
+    """A lone backslash at a line's end inside a (non-raw) string joins two lines of --help: a shell command's
+    continuation must be written ``\\\\``."""
+    joined = [
+        token.start[0] for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if token.type == tokenize.STRING and not re.match(r"[a-zA-Z]*[rR]", token.string)
+        and re.search(r"(?<!\\)(?:\\\\)*\\\n", token.string)
+    ]
+    assert joined == [], f"{path.name}: strings starting on lines {joined} join lines with a trailing backslash"
 
 
 @pytest.mark.slow

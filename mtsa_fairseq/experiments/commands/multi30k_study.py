@@ -36,7 +36,7 @@ The ablation, after the study and in its OUT: MTSA with the MTSA paper's Setup 1
 (configs/multi30k_mtsa_s2t_bias5.yaml, ``--mtsa-s2t-bias-init 5``) against the study's MTSA runs of the same
 seeds, which it reuses, at the same budget, in the same form (every report and table above, in OUT/ablation/):
 
-  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 \
+  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 \\
       --budget-from multi30k-probe --ablation
 
 Rerunning the same command skips finished runs (keyed by config and seed) and existing scores, continues an

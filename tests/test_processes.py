@@ -97,3 +97,19 @@ def test_commands_end_on_ctrl_c_or_kill_with_one_line(signum, code):
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code and err == "interrupted: rerun the same command to resume\n"
+
+
+def test_run_logged_keeps_what_the_child_wrote_before_an_interruption_stopped_it(tmp_path):
+    """Lines still in the pipe when Ctrl-C (or SIGTERM) reaches the launcher, and what the child writes as it
+    stops, reach the log: a run's last validation is not lost with its launcher's interruption."""
+    child = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(print('stopped by SIGTERM')))\n"
+             "sys.stdout.write('validation 1\\nvalidation 2\\n'); sys.stdout.flush(); time.sleep(60)")
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    log = tmp_path / "train.log"
+    with pytest.raises(KeyboardInterrupt):
+        run_logged([sys.executable, "-c", child], log, echo=False, on_line=interrupt)
+    assert log.read_text() == "validation 1\nvalidation 2\nstopped by SIGTERM\n"

@@ -190,7 +190,8 @@ def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str]
     not stdout flushed at exit) and progress lines arrive as printed.
 
     Any exception here (Ctrl-C, :class:`Terminated`) stops the child's whole process group (SIGTERM, then
-    SIGKILL after 30 s) before it propagates. Returns the exit status, the peak resident set in MB of the
+    SIGKILL after 30 s) and appends what the child wrote until it ended (e.g. a validation it logged just
+    before) to the log before it propagates. Returns the exit status, the peak resident set in MB of the
     largest process of the child's tree (``ru_maxrss``) and the output of this session."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
@@ -198,25 +199,31 @@ def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str]
     if lock is not None:
         lock.record_holders(launcher=os.getpid(), trainer=proc.pid)
     _LIVE.add(proc)
-    lines = []
-    try:
-        with open(log_path or os.devnull, "a", encoding="utf-8") as log:
-            assert proc.stdout is not None
+    lines: list[str] = []
+    assert proc.stdout is not None
+    with open(log_path or os.devnull, "a", encoding="utf-8") as log:
+
+        def keep(line: str) -> None:
+            if echo:  # line by line, also when stdout is a pipe
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            log.write(line)
+            log.flush()
+            lines.append(line)
+
+        try:
             for line in proc.stdout:
-                if echo:  # line by line, also when stdout is a pipe
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                log.write(line)
-                log.flush()
-                lines.append(line)
+                keep(line)
                 if on_line is not None:
                     on_line(line)
-        _, status, usage = os.wait4(proc.pid, 0)
-    except BaseException:
-        stop_group(proc)
-        raise
-    finally:
-        _LIVE.discard(proc)
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            stop_group(proc)
+            for line in proc.stdout:
+                keep(line)
+            raise
+        finally:
+            _LIVE.discard(proc)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, usage.ru_maxrss / 1024, "".join(lines)
 

@@ -244,3 +244,30 @@ def test_budget_from_a_probe_is_refused_until_it_fixes_one(tmp_path, monkeypatch
     assert option("--report-dir") == [str(tmp_path / "out" / "ablation")]
     assert option("--out") == [str(tmp_path / "out")] and option("--train-args") == ["--extra-args '--max-update 700'"]
     assert launched[0][launched[0].index("--report-dir") + 1] == str(tmp_path / "out")
+
+
+def test_the_probes_curves_report_fixes_the_budget_its_logs_fix(tmp_path):
+    _probe(tmp_path / "probe", {"baseline": [20, 30, 30.1, 30.2, 30.2, 30.2, 30.2, 30.2],
+                                "system": [20, 25, 28, 30, 31, 31, 31, 31]})
+    study.write_curves(tmp_path / "probe", [1], "probe")
+    from_logs = study.probe_budget(tmp_path / "probe")
+    from_report = study.probe_budget(tmp_path / "probe" / "curves.json")
+    assert from_report["max_update"] == from_logs["max_update"] == 700
+    assert from_report["verdicts"] == from_logs["verdicts"]
+    committed = study.probe_budget(ROOT / "docs" / "results-multi30k-probe.json")  # the budget docs/ states
+    assert committed["max_update"] == 6864 and all(v["plateaued"] for v in committed["verdicts"].values())
+
+
+def test_budget_from_a_file_that_is_no_curves_report_is_one_error_line(tmp_path):
+    raw = tmp_path / "multi30k"
+    raw.mkdir()
+    for split in ("train", "val", *study.TESTS):
+        for lang in ("en", "de"):
+            (raw / f"{split}.{lang}").write_text("a\n")
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"schema": RESULT_SCHEMA}))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--multi30k", str(raw), "--out", str(tmp_path / "out"),
+                           "--budget-from", str(report)], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"error: probe curves report {report} has schema {RESULT_SCHEMA!r}, expected {study.STUDY_SCHEMA!r}")
+    assert not (tmp_path / "out").exists()

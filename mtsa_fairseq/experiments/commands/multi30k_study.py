@@ -30,7 +30,9 @@ on a plateau at one validation, the study takes that update as its budget straig
   python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 4 5 6 \\
       --budget-from multi30k-probe
 
-(refused while the probe fixes none; OUT/study.json records the budget and the probe's verdicts there).
+(refused while the probe fixes none; OUT/study.json records the budget and the probe's verdicts there). The
+probe's curves report fixes the same budget without its logs: ``--budget-from docs/results-multi30k-probe.json``
+reruns the project's study at the budget of its probe.
 
 The ablation, after the study and in its OUT: MTSA with the MTSA paper's Setup 1 source2token bias
 (configs/multi30k_mtsa_s2t_bias5.yaml, ``--mtsa-s2t-bias-init 5``) against the study's MTSA runs of the same
@@ -192,16 +194,20 @@ def print_verdicts(runs: dict[str, dict]) -> None:
 
 
 def probe_budget(probe: Path) -> dict:
-    """The budget the probe in ``probe`` fixes (:func:`budget` over all its runs) with each probe run's verdict
-    at it; exits with one line while it fixes none."""
-    seeds = sorted({int(d.name.removeprefix("seed")) for config in STUDY.configs.values()
-                    for d in (probe / "runs" / config.stem).glob("seed*") if (d / "train.log").is_file()})
-    if not seeds:
-        sys.exit(f"error: {probe} holds no probe runs (runs/<config>/seed<k>/train.log)")
-    runs = run_curves(probe, seeds)
+    """The budget the probe ``probe`` fixes (:func:`budget` over all its runs) with each probe run's verdict at
+    it; ``probe`` is the probe's output directory (its runs' logs) or its curves report (OUT/curves.json or
+    OUT/curves-interim.json, e.g. docs/results-multi30k-probe.json). Exits with one line while it fixes none."""
+    if probe.is_file():
+        runs = read_json(probe, STUDY_SCHEMA, "probe curves report", ValueError)["runs"]
+    else:
+        seeds = sorted({int(d.name.removeprefix("seed")) for config in STUDY.configs.values()
+                        for d in (probe / "runs" / config.stem).glob("seed*") if (d / "train.log").is_file()})
+        if not seeds:
+            sys.exit(f"error: {probe} holds no probe runs (runs/<config>/seed<k>/train.log) and is no curves report")
+        runs = run_curves(probe, seeds)
     update = budget([run["curve"] for run in runs.values()])
     if update is None:
-        last = ", ".join(f"{label} at update {run['plateau']['last_update']}" for label, run in runs.items())
+        last = ", ".join(f"{label} at update {plateau(run['curve'])['last_update']}" for label, run in runs.items())
         sys.exit(f"error: the probe in {probe} fixes no budget yet: no validation at which all its runs are on a "
                  f"plateau (last validations: {last})")
     return {"max_update": update, "probe": str(probe),
@@ -301,9 +307,10 @@ def _main() -> None:
                         help="train and score nothing: write OUT/curves-interim.json and .png from the runs' logs "
                              "as they stand and print each run's plateau verdict (safe while the runs train)")
     parser.add_argument("--budget-from", type=Path, metavar="PROBE",
-                        help="the probe's output directory: train every run to the budget its validation curves "
-                             "fix (the first validation at which all its runs are on a plateau); refused while "
-                             "there is none")
+                        help="the probe's output directory, or its curves report (OUT/curves.json; the project's "
+                             "probe: docs/results-multi30k-probe.json): train every run to the budget its "
+                             "validation curves fix (the first validation at which all its runs are on a "
+                             "plateau); refused while there is none")
     parser.add_argument("--ablation", action="store_true",
                         help="the ablation instead of the study: configs/multi30k_mtsa_s2t_bias5.yaml (the MTSA "
                              "paper's Setup 1 source2token bias, --mtsa-s2t-bias-init 5) against "
@@ -327,7 +334,10 @@ def _main() -> None:
     files = raw_files(args.multi30k)
     budget_record = None
     if args.budget_from is not None:
-        budget_record = probe_budget(args.budget_from.resolve())
+        try:
+            budget_record = probe_budget(args.budget_from.resolve())
+        except ValueError as err:
+            sys.exit(f"error: {err}")
         args.max_update = budget_record["max_update"]
         print(f"budget: {args.max_update} updates, the first validation at which every run of the probe in "
               f"{args.budget_from} is on a plateau")

@@ -258,12 +258,18 @@ def test_the_probes_curves_report_fixes_the_budget_its_logs_fix(tmp_path):
     assert committed["max_update"] == 6864 and all(v["plateaued"] for v in committed["verdicts"].values())
 
 
-def test_budget_from_a_file_that_is_no_curves_report_is_one_error_line(tmp_path):
-    raw = tmp_path / "multi30k"
+def _release(root: Path) -> Path:
+    """A stand-in Multi30k release directory (one line per file: what the study's input checks read)."""
+    raw = root / "multi30k"
     raw.mkdir()
     for split in ("train", "val", *study.TESTS):
         for lang in ("en", "de"):
             (raw / f"{split}.{lang}").write_text("a\n")
+    return raw
+
+
+def test_budget_from_a_file_that_is_no_curves_report_is_one_error_line(tmp_path):
+    raw = _release(tmp_path)
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"schema": RESULT_SCHEMA}))
     proc = subprocess.run([sys.executable, str(SCRIPT), "--multi30k", str(raw), "--out", str(tmp_path / "out"),
@@ -271,3 +277,38 @@ def test_budget_from_a_file_that_is_no_curves_report_is_one_error_line(tmp_path)
     assert proc.returncode == 1 and proc.stderr.strip() == (
         f"error: probe curves report {report} has schema {RESULT_SCHEMA!r}, expected {study.STUDY_SCHEMA!r}")
     assert not (tmp_path / "out").exists()
+
+
+def test_each_seed_is_trained_then_scored_before_the_next_and_a_scored_run_needs_no_checkpoint(tmp_path, monkeypatch):
+    args = [str(SCRIPT), "--multi30k", str(_release(tmp_path)), "--out", str(tmp_path / "out"), "--seeds", "1", "2"]
+    calls, averaged = [], []
+
+    def run(cmd, **_):  # the pipeline and the scorer stand in: what is launched, in which order, is under test
+        name = cmd[2].rsplit(".", 1)[-1]
+        if name == "score":
+            result = Path(cmd[cmd.index("--result") + 1])
+            result.write_text("{}")
+            calls.append(("score", result.name, cmd[3]))
+            return subprocess.CompletedProcess(cmd, 0)
+        seeds = cmd[cmd.index("--seeds") + 1:]
+        seeds = [int(s) for s in seeds[:next((i for i, s in enumerate(seeds) if s.startswith("--")), len(seeds))]]
+        calls.append(("pipeline", seeds, "--train-only" in cmd))
+        return subprocess.CompletedProcess(cmd, 0 if "--train-only" in cmd else 1)  # the last call ends the test
+
+    monkeypatch.setattr(sys, "argv", args)
+    monkeypatch.setattr(study.subprocess, "run", run)
+    monkeypatch.setattr(study, "averaged_checkpoint", lambda run_dir: averaged.append(run_dir) or run_dir / "avg.pt")
+    with pytest.raises(SystemExit, match="the pipeline failed"):
+        study._main()
+    scores = lambda seed: [("score", f"{config.stem}_seed{seed}_{test}{suffix}.json", option)  # noqa: E731
+                           for config in study.STUDY.configs.values()
+                           for suffix, option in (("", "--run-dir"), ("_avg5", "--checkpoint"))
+                           for test in study.TESTS]
+    assert calls == [("pipeline", [1], True), *scores(1), ("pipeline", [2], True), *scores(2),
+                     ("pipeline", [1, 2], False)]
+    assert len(averaged) == 8  # once per averaged score (the real one writes checkpoint_avg5.pt once, then reuses it)
+    calls.clear()
+    averaged.clear()
+    with pytest.raises(SystemExit, match="the pipeline failed"):  # rerun: every score exists, no checkpoint needed
+        study._main()
+    assert calls == [("pipeline", [1], True), ("pipeline", [2], True), ("pipeline", [1, 2], False)] and not averaged

@@ -1,11 +1,11 @@
 """The Multi30k study (docs/results-multi30k.md), end to end and resumable.
 
-Multi30k task 1 En-De (train 29,000 / val 1,014 / test_2016_flickr / test_2017_flickr) -> the project's data
-script (joint 8k sentencepiece) -> configs/multi30k_transformer.yaml and configs/multi30k_mtsa.yaml, N seeds
-each, trained side by side on one CPU core each, validation BLEU every epoch -> BLEU on both test sets of
-checkpoint_last.pt (the MTSA paper's protocol) and of the average of the last 5 epoch checkpoints (the
-Transformer paper's) -> Welch's t-test, paired bootstrap and approximate randomization for each
-(mtsa-pipeline does the first; OUT/report.md, OUT/report-avg5.md), the same on the tokenized,
+Multi30k task 1 En-De (train 29,000 / val 1,014 / test_2016_flickr / test_2017_flickr) -> the project's data script
+(joint 8k sentencepiece) -> configs/multi30k_transformer.yaml and configs/multi30k_mtsa.yaml, N seeds each, seed by
+seed, the two systems' runs of a seed side by side on one CPU core each, validation BLEU every epoch -> as soon as a
+seed's two runs finish, BLEU on both test sets of checkpoint_last.pt (the MTSA paper's protocol) and of the average
+of the last 5 epoch checkpoints (the Transformer paper's) -> Welch's t-test, paired bootstrap and approximate
+randomization for each (mtsa-pipeline does the first; OUT/report.md, OUT/report-avg5.md), the same on the tokenized,
 compound-split BLEU (OUT/report-tokenized.md, OUT/report-avg5-tokenized.md) -> OUT/runs.md (a row per run: wall
 time, throughput, peak memory, parameters, BLEU), OUT/curves.png (validation BLEU and loss of every run) and
 OUT/study.json (per run its validation curve and test BLEU, per test set and checkpoint the means, standard
@@ -42,7 +42,10 @@ seeds, which it reuses, at the same budget, in the same form (every report and t
       --budget-from multi30k-probe --ablation
 
 Rerunning the same command skips finished runs (keyed by config and seed) and existing scores, continues an
-interrupted run from its checkpoint_last.pt and rewrites the reports.
+interrupted run from its checkpoint_last.pt and rewrites the reports. A finished seed is final: a run whose
+run.json says it finished and whose four result files (with their hypotheses) exist needs neither its
+checkpoints nor its training again, so those files and its train.log, copied into OUT's layout, are all the
+study needs of it.
 """
 
 from __future__ import annotations
@@ -135,19 +138,25 @@ def averaged_checkpoint(run_dir: Path) -> Path:
     return out
 
 
-def score_averaged(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> None:
-    """Score every run's averaged checkpoint on both test sets (scores that exist are kept)."""
+def score_runs(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> None:
+    """Score every run of ``seeds`` on both test sets at both checkpoint kinds (result files that exist are kept,
+    and a run's averaged checkpoint is made only for a score it lacks: a run whose four results exist needs no
+    checkpoint any more)."""
     for config in comparison.configs.values():
         for seed in seeds:
-            checkpoint = averaged_checkpoint(out / "runs" / config.stem / f"seed{seed}")
-            for test in TESTS:
-                result = result_path(out, config, seed, test, "avg5")
-                if readable_json(result):
-                    continue
-                cmd = command("score", "--checkpoint", str(checkpoint), "--data", str(out / "data"), "--test", test,
-                              "--result", str(result), "--overwrite")
-                if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
-                    sys.exit(f"error: scoring {checkpoint} on {test} failed")
+            run_dir = out / "runs" / config.stem / f"seed{seed}"
+            for kind in KINDS:
+                for test in TESTS:
+                    result = result_path(out, config, seed, test, kind)
+                    if readable_json(result):
+                        continue
+                    model = ["--run-dir", str(run_dir)] if kind == "last" else \
+                        ["--checkpoint", str(averaged_checkpoint(run_dir))]
+                    result.parent.mkdir(parents=True, exist_ok=True)
+                    cmd = command("score", *model, "--data", str(out / "data"), "--test", test, "--result",
+                                  str(result), "--overwrite")
+                    if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+                        sys.exit(f"error: scoring {model[1]} ({kind}) on {test} failed")
 
 
 def significance(out: Path, seeds: list[int], kind: str, metric: str, stem: str,
@@ -346,27 +355,33 @@ def _main() -> None:
            "--train", *map(str, files["train"]), "--valid", *map(str, files["val"]),
            "--baseline-config", str(comparison.configs["baseline"]), "--system-config",
            str(comparison.configs["system"]), "--names", comparison.names["baseline"], comparison.names["system"],
-           "--report-dir", str(args.out / comparison.reports), "--seeds", *map(str, args.seeds), "--parallel",
-           "--threads", str(args.threads)]
+           "--report-dir", str(args.out / comparison.reports), "--parallel", "--threads", str(args.threads)]
     for test in TESTS:
         cmd += ["--test", test, *map(str, files[test])]
     if args.max_update is not None:
         cmd += ["--train-args", f"--extra-args '--max-update {args.max_update}'"]
-    if args.train_only:
-        cmd.append("--train-only")
-    if subprocess.run(cmd).returncode != 0:
-        sys.exit("error: the pipeline failed (its logs are in --out)")
+
+    def pipeline(seeds: list[int], *more: str) -> None:
+        if subprocess.run([*cmd, "--seeds", *map(str, seeds), *more]).returncode != 0:
+            sys.exit("error: the pipeline failed (its logs are in --out)")
+
     out = args.out.resolve()
     reports = out / comparison.reports
     title = "Multi30k ablation" if args.ablation else "Multi30k probe" if args.train_only else "Multi30k study"
     if args.train_only:
+        pipeline(args.seeds, "--train-only")
         print_verdicts(write_curves(out, args.seeds, f"{title}: validation curves", comparison=comparison))
         print(f"curves: {reports / 'curves.json'}, {reports / 'curves.png'}")
         return
-    try:
-        score_averaged(out, args.seeds, comparison)
-    except AverageError as err:
-        sys.exit(f"error: {err}")
+    # seed by seed: both systems' runs of a seed train side by side, then are scored at both checkpoint kinds, so
+    # that every finished seed is final (its scores need no checkpoint) before the next one starts
+    for seed in args.seeds:
+        pipeline([seed], "--train-only")
+        try:
+            score_runs(out, [seed], comparison)
+        except AverageError as err:
+            sys.exit(f"error: {err}")
+    pipeline(args.seeds)  # every run trained and scored: the pipeline's own report (sacreBLEU, checkpoint_last)
     significance(out, args.seeds, "avg5", "sacrebleu", "report-avg5", comparison)
     significance(out, args.seeds, "last", "tokenized_compound_split", "report-tokenized", comparison)
     significance(out, args.seeds, "avg5", "tokenized_compound_split", "report-avg5-tokenized", comparison)

@@ -122,7 +122,8 @@ def train_seeds_args(args: argparse.Namespace, config: Path, data: Path) -> list
 def train(args: argparse.Namespace, data: Path) -> None:
     configs = [args.baseline_config, args.system_config]
     jobs = 2 if args.parallel else 1
-    log(f"training {len(args.seeds)} seeds of {', '.join(c.stem for c in configs)} "
+    seeds = f"seed {args.seeds[0]}" if len(args.seeds) == 1 else f"{len(args.seeds)} seeds"
+    log(f"training {seeds} of {', '.join(c.stem for c in configs)} "
         f"({'both configs at once' if jobs == 2 else 'one run at a time'}); logs in {args.out / 'runs'}")
 
     def one(config: Path) -> None:

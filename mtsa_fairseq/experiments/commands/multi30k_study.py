@@ -207,7 +207,10 @@ def probe_budget(probe: Path) -> dict:
     it; ``probe`` is the probe's output directory (its runs' logs) or its curves report (OUT/curves.json or
     OUT/curves-interim.json, e.g. docs/results-multi30k-probe.json). Exits with one line while it fixes none."""
     if probe.is_file():
-        runs = read_json(probe, STUDY_SCHEMA, "probe curves report", ValueError)["runs"]
+        try:
+            runs = read_json(probe, STUDY_SCHEMA, "probe curves report", ValueError)["runs"]
+        except ValueError as err:
+            sys.exit(f"error: {err}")
     else:
         seeds = sorted({int(d.name.removeprefix("seed")) for config in STUDY.configs.values()
                         for d in (probe / "runs" / config.stem).glob("seed*") if (d / "train.log").is_file()})
@@ -343,10 +346,7 @@ def _main() -> None:
     files = raw_files(args.multi30k)
     budget_record = None
     if args.budget_from is not None:
-        try:
-            budget_record = probe_budget(args.budget_from.resolve())
-        except ValueError as err:
-            sys.exit(f"error: {err}")
+        budget_record = probe_budget(args.budget_from.resolve())
         args.max_update = budget_record["max_update"]
         print(f"budget: {args.max_update} updates, the first validation at which every run of the probe in "
               f"{args.budget_from} is on a plateau")

@@ -628,10 +628,10 @@ def _sdpa_ratio(
     forward-with-self mask (no mask tensor at all). Also returns the underflowed rows."""
     empty: Tensor | None = None
     if mask is not None:
-        no_keys = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
-        if torch.compiler.is_compiling() or bool(no_keys.any()):  # a graph cannot branch on it: always applied there
-            mask = mask | no_keys  # keep softmax kernels away from all -inf rows; zeroed below
-            empty = no_keys
+        # applied whether or not a row is empty: asking would cost a host synchronisation (and a compiled graph
+        # cannot branch on it); on rows with keys both operations are the identity, in value and gradient
+        empty = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
+        mask = mask | empty  # keep softmax kernels away from all -inf rows; zeroed below
     num = F.scaled_dot_product_attention(
         q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
         is_causal=is_causal,

@@ -21,6 +21,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import re
 import statistics
@@ -169,7 +170,7 @@ def profile_report(kernels, host: cProfile.Profile, wall: float, inside: float, 
         f"GPU kernel time per update: {device_us / 1000 / updates:.1f} ms",
         *(f"{name} per update: {calls.get(name, 0) / updates:.1f}" for name in (
             "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaStreamSynchronize",
-            "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::item", "aten::_local_scalar_dense")),
+            "cudaDeviceSynchronize", "cudaMemcpyAsync", "aten::item", "aten::_local_scalar_dense", "aten::nonzero")),
         "", "torch.profiler, by self CPU time:",
         events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60),
     ]
@@ -204,6 +205,11 @@ def child(spec: dict) -> None:
     else:
         peak = int(re.search(r"^VmHWM:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1)) / 1024
     print(json.dumps({"peak_mb": peak}), flush=True)
+    sys.stderr.flush()
+    # Leave without interpreter teardown. On an H200 machine, runs that stopped early in their second epoch, where
+    # fairseq's data-buffer thread (a daemon) is still running, aborted in teardown after finishing ("terminate
+    # called without an active exception"); a finished run's result must not depend on it.
+    os._exit(0)
 
 
 def markdown(result: dict) -> str:
@@ -300,13 +306,13 @@ def _main() -> None:
             first, last = args.archs
             rows.append({"max_tokens": max_tokens, "tok_s": tok_s, "peak_mb": peak, "runs": runs,
                          "throughput_ratio": tok_s[last] / tok_s[first], "memory_ratio": peak[last] / peak[first]})
-    result = {"settings": settings, "archs": args.archs, "rows": rows}
-    table = markdown(result)
-    print(table)
-    if args.markdown is not None:
-        write_atomic(args.markdown, table)
-    if args.json is not None:
-        write_json(args.json, result)
+            result = {"settings": settings, "archs": args.archs, "rows": rows}
+            # after every row: a failure at a later batch size keeps the rows measured
+            if args.markdown is not None:
+                write_atomic(args.markdown, markdown(result))
+            if args.json is not None:
+                write_json(args.json, result)
+    print(markdown(result))
 
 
 def main() -> None:

@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from process_helpers import trainers_on, wait_for
 
+from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.fairseq_train import options_to_args, parse_fairseq_train
 from mtsa_fairseq.experiments.processes import RunLock
+from mtsa_fairseq.experiments.runs import checkpoint_updates
 from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, load_task_config
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
@@ -44,8 +47,9 @@ def prepare(dataset: str, raw: Path, out: Path, *extra: str) -> Path:
     return out
 
 
-def train(data: Path, save: Path, arch: str, *extra: str, updates: int = 20, validate: int | None = None) -> Path:
-    args = [str(BIN / "fairseq-train"), str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task",
+def train(data: Path, save: Path, arch: str, *extra: str, updates: int = 20, validate: int | None = None,
+          launcher: tuple[str, ...] = (str(BIN / "fairseq-train"),)) -> Path:
+    args = [*launcher, str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task",
             "sentence_encoding", "--arch", arch, "--criterion", "sentence_encoding", "--optimizer", "adam",
             "--lr", "0.005", "--batch-size", "16", "--max-update", str(updates), "--save-dir", str(save), *TINY]
     if validate:
@@ -320,6 +324,30 @@ def test_experiment_run_stopped_early_by_patience_is_done(trec_data, tmp_path):
     result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
     assert result["max_update"] == 400 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
     assert "training ->" not in run(*cmd).stdout  # done: not resumed
+
+
+@pytest.mark.parametrize("launcher", [(str(BIN / "fairseq-train"),), (sys.executable, "-m", "fairseq_cli.train")],
+                         ids=["entry-point", "module"])
+def test_a_resumed_run_stops_early_where_an_uninterrupted_one_does(trec_data, tmp_path, launcher):
+    # lr 0: the dev accuracy of update 1 is never beaten, so patience 3 stops after the validation of update 4
+    args = ("multi_cnn_encoder", "--lr", "0", "--patience", "3", "--best-checkpoint-metric", "accuracy",
+            "--maximize-best-checkpoint-metric")
+    whole = train(trec_data, tmp_path / "whole", *args, updates=400, validate=1, launcher=launcher)
+    part = train(trec_data, tmp_path / "part", *args, updates=3, validate=1, launcher=launcher)
+    train(trec_data, part, *args, updates=400, validate=1, launcher=launcher)  # resumes with 2 validations counted
+    assert checkpoint_updates(whole / "checkpoint_last.pt") == checkpoint_updates(part / "checkpoint_last.pt") == 4
+
+
+@pytest.mark.parametrize("arch", ["mtsa_encoder", "disan_encoder"])
+def test_a_resumed_run_equals_an_uninterrupted_one(trec_data, tmp_path, arch):
+    # dropout everywhere; stopped mid-epoch at update 10, resumed across the end of epoch 1 (about 23 updates)
+    args = (arch, "--dropout", "0.3", "--attention-dropout", "0.1", "--seed", "3")
+    whole = train(trec_data, tmp_path / "whole", *args, updates=30, validate=5)
+    part = train(trec_data, tmp_path / "part", *args, updates=10, validate=5)
+    train(trec_data, part, *args, updates=30, validate=5)
+    states = [load_checkpoint(run / "checkpoint_last.pt")["model"] for run in (whole, part)]
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][name], states[1][name]) for name in states[0])
 
 
 SMALL = ("name: small\ndataset: trec\nmetric: accuracy\ndescription: test\nfairseq:\n  criterion: sentence_encoding\n"

@@ -11,11 +11,17 @@ Reads a directory written by ``scripts/prepare_sentence_data.py`` (``manifest.js
 Cross-validation data (CR, MPQA, SUBJ: one ``train`` split and ``train.fold``) needs ``--cv-fold K``: the
 ``train`` subset is every fold but K and ``valid``/``test`` are fold K, the papers' 10-fold protocol.
 Batches hold sentences of similar length, reshuffled every epoch.
+
+Early stopping (``--patience``) survives a resume: fairseq-train keeps its count of validations without a
+better one on ``fairseq_cli.train.should_stop_early`` itself, which a new process starts afresh (its first
+validation then counts as the best); the task carries that state in its checkpoints through fairseq's
+``get_checkpoint_dict`` / ``set_checkpoint_dict`` hooks, so a resumed run stops where an uninterrupted one does.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +85,18 @@ class SentenceExampleDataset(FairseqDataset):
     @property
     def supports_prefetch(self) -> bool:
         return False
+
+
+EARLY_STOPPING_STATE = ("best", "num_runs")  # what fairseq_cli.train.should_stop_early keeps on itself
+
+
+def _fairseq_early_stopping() -> Any:
+    """fairseq-train's ``should_stop_early`` (as ``fairseq-train`` or ``python -m fairseq_cli.train``), or None."""
+    module = sys.modules.get("fairseq_cli.train")
+    main = sys.modules.get("__main__")
+    if module is None and getattr(getattr(main, "__spec__", None), "name", None) == "fairseq_cli.train":
+        module = main
+    return getattr(module, "should_stop_early", None)
 
 
 @register_task("sentence_encoding")
@@ -153,3 +171,16 @@ class SentenceEncodingTask(LegacyFairseqTask):
 
     def max_positions(self) -> None:
         return None
+
+    def get_checkpoint_dict(self) -> dict[str, Any]:
+        """fairseq's hook for task state in checkpoints: the early-stopping state (see the module docstring)."""
+        stopper = _fairseq_early_stopping()
+        state = {key: getattr(stopper, key) for key in EARLY_STOPPING_STATE if hasattr(stopper, key)}
+        return {type(self).__name__: {"early_stopping": state}} if state else {}
+
+    def set_checkpoint_dict(self, state: dict[str, Any]) -> None:
+        """fairseq's hook on resuming from a checkpoint: restore what :meth:`get_checkpoint_dict` saved."""
+        stopper = _fairseq_early_stopping()
+        if stopper is not None:
+            for key, value in state.get("early_stopping", {}).items():
+                setattr(stopper, key, value)

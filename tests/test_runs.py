@@ -10,7 +10,7 @@ from mtsa_fairseq.experiments.runs import is_done
     ({"status": "done", "num_updates": 100, "max_update": 100}, 200, False),  # a larger budget trains on
     ({"status": "failed", "num_updates": 100, "max_update": 100}, 100, False),
     ({"status": "done", "num_updates": 40, "max_update": 100, "early_stopped": True}, 100, True),  # --patience
-    ({"status": "done", "num_updates": 40, "max_update": 100, "early_stopped": True}, 200, False),
+    ({"status": "done", "num_updates": 40, "max_update": 100, "early_stopped": True}, 200, True),  # stops there too
     (None, 100, False),
 ])
 def test_is_done(record, max_update, done):

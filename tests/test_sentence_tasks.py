@@ -324,6 +324,10 @@ def test_experiment_run_stopped_early_by_patience_is_done(trec_data, tmp_path):
     result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
     assert result["max_update"] == 400 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
     assert "training ->" not in run(*cmd).stdout  # done: not resumed
+    larger = run(*cmd, "--max-update", "800").stdout  # it would stop at update 3 under this budget too
+    assert "training ->" not in larger and "stopped early (--patience) at update 3" in larger
+    result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
+    assert result["max_update"] == 800 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("launcher", [(str(BIN / "fairseq-train"),), (sys.executable, "-m", "fairseq_cli.train")],

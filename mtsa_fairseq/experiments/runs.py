@@ -118,11 +118,12 @@ def interval_snapshots(run_dir: Path, every: int) -> list[Path]:
 
 
 def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
-    """Whether a run.json says the run finished ``max_update`` updates (or stopped early within that budget)."""
+    """Whether a run.json says the run finished ``max_update`` updates or was stopped early by fairseq's
+    ``--patience``, which stops it there under any larger budget too (for a learning-rate schedule that does
+    not depend on ``--max-update``, as in every config here)."""
     if not record or record.get("status") != "done":
         return False
-    return (record.get("num_updates") or 0) >= max_update or (
-        bool(record.get("early_stopped")) and record.get("max_update") == max_update)
+    return (record.get("num_updates") or 0) >= max_update or bool(record.get("early_stopped"))
 
 
 def record_interrupted(run_dir: Path, record: dict[str, Any], start: float) -> None:

@@ -217,8 +217,10 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
             split: str | None = None) -> dict[str, Any]:
     """Train (or resume) one run and evaluate its best checkpoint on ``split`` (default: test, or the held-out
     fold for cross-validation data); returns (and writes) the result with the run's dev curve. A run finished
-    with a smaller update budget trains on from its last checkpoint to the new one. The run directory's lock
-    is held throughout: a run still trained by another live process is refused, naming it."""
+    with a smaller update budget trains on from its last checkpoint to the new one, unless fairseq's
+    ``--patience`` stopped it: it would stop there under any larger budget (no sentence config's learning rate
+    depends on ``--max-update``), so its result stands for the new one. The run directory's lock is held
+    throughout: a run still trained by another live process is refused, naming it."""
     log = log or _say
     run_dir = run.run_dir(out)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -250,6 +252,13 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
             raise ExperimentError(
                 f"{run.key}: {result_path} was trained with max-update {previous.get('max_update')}, not {budget}; "
                 "use another --out for a smaller budget")
+        record = previous_run(run_dir) or {}
+        if record.get("status") == "done" and record.get("early_stopped"):
+            log(f"[experiment] {run.key}: stopped early (--patience) at update {record['num_updates']} under "
+                f"max-update {previous['max_update']}, where it stops under {budget} too")
+            previous["max_update"] = budget
+            write_json(result_path, previous)
+            return previous
         log(f"[experiment] {run.key}: continuing from max-update {previous['max_update']} to {budget}")
     log(f"[experiment] {run.key}: training -> {run_dir}")
     done, repair = resume_point(run_dir, log)

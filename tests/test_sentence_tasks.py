@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
 BIN = Path(sys.executable).parent
+FAIRSEQ_TRAIN = (str(BIN / "fairseq-train"),)  # the console entry point, as users launch it
 CONFIGS = sorted((ROOT / "configs" / "sentence").rglob("*.yaml"))
 TINY = ["--embed-dim", "16", "--encoder-hidden-dim", "8", "--classifier-hidden-dim", "8", "--cpu", "--num-workers", "0",
         "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "10", "--disable-validation"]
@@ -48,7 +49,7 @@ def prepare(dataset: str, raw: Path, out: Path, *extra: str) -> Path:
 
 
 def train(data: Path, save: Path, arch: str, *extra: str, updates: int = 20, validate: int | None = None,
-          launcher: tuple[str, ...] = (str(BIN / "fairseq-train"),)) -> Path:
+          launcher: tuple[str, ...] = FAIRSEQ_TRAIN) -> Path:
     args = [*launcher, str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task",
             "sentence_encoding", "--arch", arch, "--criterion", "sentence_encoding", "--optimizer", "adam",
             "--lr", "0.005", "--batch-size", "16", "--max-update", str(updates), "--save-dir", str(save), *TINY]
@@ -176,7 +177,7 @@ def test_cross_validation_folds(tmp_path):
     (raw / "custrev.neg").write_text("\n".join("awful " + " ".join(rng.sample(FILLER, 4)) for _ in range(40)) + "\n")
     data = prepare("cr", raw, tmp_path / "data")
     folds = [int(x) for x in (data / "train.fold").read_text().split()]
-    missing = run(str(BIN / "fairseq-train"), str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task",
+    missing = run(*FAIRSEQ_TRAIN, str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task",
                   "sentence_encoding", "--arch", "mtsa_encoder", "--batch-size", "8", "--max-update", "1",
                   "--save-dir", str(tmp_path / "bad"), *TINY, check=False)
     assert missing.returncode != 0 and "pass --cv-fold K" in missing.stdout + missing.stderr
@@ -330,7 +331,7 @@ def test_experiment_run_stopped_early_by_patience_is_done(trec_data, tmp_path):
     assert result["max_update"] == 800 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("launcher", [(str(BIN / "fairseq-train"),), (sys.executable, "-m", "fairseq_cli.train")],
+@pytest.mark.parametrize("launcher", [FAIRSEQ_TRAIN, (sys.executable, "-m", "fairseq_cli.train")],
                          ids=["entry-point", "module"])
 def test_a_resumed_run_stops_early_where_an_uninterrupted_one_does(trec_data, tmp_path, launcher):
     # lr 0: the dev accuracy of update 1 is never beaten, so patience 3 stops after the validation of update 4

@@ -46,6 +46,7 @@ from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged
 from mtsa_fairseq.experiments.runs import (
     finish_run,
+    is_done,
     mean_train_wps,
     previous_run,
     record_interrupted,
@@ -252,8 +253,8 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
             raise ExperimentError(
                 f"{run.key}: {result_path} was trained with max-update {previous.get('max_update')}, not {budget}; "
                 "use another --out for a smaller budget")
-        record = previous_run(run_dir) or {}
-        if record.get("status") == "done" and record.get("early_stopped"):
+        record = previous_run(run_dir)
+        if is_done(record, budget):  # below the budget only when --patience stopped it
             log(f"[experiment] {run.key}: stopped early (--patience) at update {record['num_updates']} under "
                 f"max-update {previous['max_update']}, where it stops under {budget} too")
             previous["max_update"] = budget

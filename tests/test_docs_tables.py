@@ -6,18 +6,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from mtsa_fairseq.experiments.commands import docs_tables
 from mtsa_fairseq.experiments.sentence import experiment, lr_search
 from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table
+from mtsa_fairseq.experiments.significance import t_test
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
-from mtsa_fairseq.experiments.translation.study_tables import study_paired_table, study_runs_table, study_table
+from mtsa_fairseq.experiments.translation.study_tables import (
+    study_paired_table,
+    study_runs_table,
+    study_table,
+    welch_interval,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "results-sentence.md"
 
 
-@pytest.mark.parametrize("name, tables", [("results-sentence.md", 12), ("results-multi30k.md", 2)])
+@pytest.mark.parametrize("name, tables", [("results-sentence.md", 12), ("results-multi30k.md", 5)])
 def test_the_results_tables_equal_their_reports(name, tables):
     doc = ROOT / "docs" / name
     text, changed = docs_tables.render(doc)
@@ -202,6 +209,8 @@ def _study() -> dict:
     runs = [{"system": system, "seed": seed, "num_updates": 6864, "wall_seconds": 9000.0,
              "train_target_tokens_per_second": 900.4 if system == "MTSA" else None,
              "valid_bleu": [[264, 5.0], [528, 40.0], [792, 40.0], [1056, 39.5]],
+             "plateau": {"last_update": 1056, "best_before": 40.0, "best_after": 39.5, "gain": -0.5,
+                         "plateaued": True},
              "test": {"test_2016_flickr": {"last": 38.0 + seed, "avg5": 38.5 + seed}}}
             for system in ("Transformer", "MTSA") for seed in (1, 2)]
     return {"averaged_epochs": 5, "runs": runs,
@@ -213,22 +222,33 @@ def test_study_tables_show_both_checkpoints_both_bleus_the_pairs_and_every_run()
     report = _study()
     table = study_table(report, {"MTSA": "MTSA encoder"})
     assert table[0] == ("| test set | checkpoint | BLEU | Transformer | MTSA encoder | MTSA encoder − Transformer | "
-                        "t (df) | p (two-sided) | p (MTSA encoder > Transformer) |")
+                        "95% CI | t (df) | p (two-sided) | p (MTSA encoder > Transformer) |")
     assert table[2:] == [
-        "| test_2016_flickr | last | sacreBLEU | 39.50 ± 0.50 (2) | 40.00 ± 0.25 (2) | +0.50 | -1.20 (1.5) | 0.400 | "
-        "4.0e-04 |",
+        "| test_2016_flickr | last | sacreBLEU | 39.50 ± 0.50 (2) | 40.00 ± 0.25 (2) | +0.50 | -1.88 to +2.88 | "
+        "-1.20 (1.5) | 0.400 | 4.0e-04 |",
         "| test_2016_flickr | last | tokenized, compound-split | 41.00 ± 0.50 (2) | 41.50 ± 0.25 (2) | +0.50 | "
-        "-1.20 (1.5) | 0.400 | 4.0e-04 |",
+        "-1.88 to +2.88 | -1.20 (1.5) | 0.400 | 4.0e-04 |",
         "| test_2016_flickr | average of the last 5 | sacreBLEU | 40.00 ± 0.50 (2) | 40.25 ± 0.25 (2) | +0.25 | "
-        "-1.20 (1.5) | 0.400 | 4.0e-04 |",
+        "-2.13 to +2.63 | -1.20 (1.5) | 0.400 | 4.0e-04 |",
         "| test_2016_flickr | average of the last 5 | tokenized, compound-split | 41.50 ± 0.50 (2) | "
-        "41.75 ± 0.25 (2) | +0.25 | -1.20 (1.5) | 0.400 | 4.0e-04 |"]
+        "41.75 ± 0.25 (2) | +0.25 | -2.13 to +2.63 | -1.20 (1.5) | 0.400 | 4.0e-04 |"]
     paired = study_paired_table(report)
     assert len(paired) == 4 and paired[2] == "| test_2016_flickr | last | 1 | 40.00 | 40.50 | 0.200 | 0.210 |"
     runs = study_runs_table(report)
     assert runs[0].endswith("| test_2016_flickr last | test_2016_flickr average of the last 5 |") and len(runs) == 6
-    assert runs[2] == "| Transformer | 1 | 6,864 | 2.5 | — | 40.00 (528) | 39.50 | 39.00 | 39.50 |"
-    assert runs[5].startswith("| MTSA | 2 | 6,864 | 2.5 | 900 |")
+    assert runs[2] == "| Transformer | 1 | 6,864 | 9,000 | — | 40.00 (528) | 39.50 | -0.50 | 39.00 | 39.50 |"
+    assert runs[5].startswith("| MTSA | 2 | 6,864 | 9,000 | 900 |")
+
+
+def test_the_study_interval_is_scipys_welch_interval_of_the_runs():
+    baseline, system = [37.35, 37.70, 38.00, 38.11, 38.24, 38.51], [37.50, 37.61, 38.02, 38.33, 38.52, 38.98]
+    test = t_test(baseline, system)
+    row = {"Transformer": {"mean": test.mean_baseline, "std": test.std_baseline, "n": 6},
+           "MTSA": {"mean": test.mean_system, "std": test.std_system, "n": 6}, "welch": {"df": test.df}}
+    expected = stats.ttest_ind(system, baseline, equal_var=False).confidence_interval(0.95)
+    assert welch_interval(row, "Transformer", "MTSA") == pytest.approx((expected.low, expected.high), abs=1e-12)
+    assert welch_interval(row, "Transformer", "MTSA", 0.5)[1] - welch_interval(row, "Transformer", "MTSA", 0.5)[0] \
+        < expected.high - expected.low
 
 
 def test_docs_tables_render_a_study(tmp_path):

@@ -12,8 +12,8 @@ label=NAME``: one-sample t-tests of every architecture's numbers, per seed or pe
 figure), search (a search.json: per architecture the best dev metric at every rate and the rate the rule
 chose), curves (a curves JSON: every run's validation BLEU and loss per validated update), plateau (a curves
 JSON: the budget rule per run), study (a study.json: per test set, checkpoint kind and BLEU both systems'
-mean ± sd and Welch's test), study-paired (the paired tests per seed) and study-runs (per run: updates, time,
-throughput, validation and test BLEU).
+mean ± sd, the difference with its 95% confidence interval and Welch's test), study-paired (the paired tests
+per seed) and study-runs (per run: updates, time, throughput, validation and test BLEU).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs

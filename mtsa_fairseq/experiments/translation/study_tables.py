@@ -3,7 +3,10 @@ by ``mtsa-docs-tables`` (kinds ``study``, ``study-paired`` and ``study-runs``)."
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from scipy import stats
 
 from mtsa_fairseq.experiments.significance import format_p
 
@@ -20,19 +23,33 @@ def _checkpoint(report: dict[str, Any], kind: str) -> str:
     return {"last": "last", "avg5": f"average of the last {report['averaged_epochs']}"}[kind]
 
 
+def welch_interval(row: dict[str, Any], baseline: str, system: str, level: float = 0.95) -> tuple[float, float]:
+    """Welch's confidence interval of mean(system) - mean(baseline): the difference ± t_{(1+level)/2, df} times
+    sqrt(sd_s^2 / n_s + sd_b^2 / n_b), with the Welch-Satterthwaite df the report's test used."""
+    base, sys_ = row[baseline], row[system]
+    diff = sys_["mean"] - base["mean"]
+    half = stats.t.ppf((1 + level) / 2, row["welch"]["df"]) * math.sqrt(
+        sys_["std"] ** 2 / sys_["n"] + base["std"] ** 2 / base["n"])
+    return diff - half, diff + half
+
+
 def study_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    """Per test set, checkpoint kind and BLEU: both systems' mean ± sd (runs), the difference and Welch's test."""
+    """Per test set, checkpoint kind and BLEU: both systems' mean ± sd (runs), the difference with its 95%
+    confidence interval, and Welch's test."""
     baseline, system, base_name, sys_name = _systems(report, names or {})
-    lines = [f"| test set | checkpoint | BLEU | {base_name} | {sys_name} | {sys_name} − {base_name} | t (df) | "
-             f"p (two-sided) | p ({sys_name} > {base_name}) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| test set | checkpoint | BLEU | {base_name} | {sys_name} | {sys_name} − {base_name} | 95% CI | "
+             f"t (df) | p (two-sided) | p ({sys_name} > {base_name}) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for test, kinds in report["summary"].items():
         for kind in kinds:
             for key, bleu in BLEU_KINDS.items():
                 row = report[key][test][kind]
                 welch = row["welch"]
                 sides = [f"{row[s]['mean']:.2f} ± {row[s]['std']:.2f} ({row[s]['n']})" for s in (baseline, system)]
+                low, high = welch_interval(row, baseline, system)
                 lines.append(f"| {test} | {_checkpoint(report, kind)} | {bleu} | {sides[0]} | {sides[1]} | "
-                             f"{row[system]['mean'] - row[baseline]['mean']:+.2f} | {welch['t']:.2f} "
+                             f"{row[system]['mean'] - row[baseline]['mean']:+.2f} | {low:+.2f} to {high:+.2f} | "
+                             f"{welch['t']:.2f} "
                              f"({welch['df']:.1f}) | {format_p(welch['p_two_sided'])} | "
                              f"{format_p(welch['p_greater'])} |")
     return lines
@@ -54,22 +71,23 @@ def study_paired_table(report: dict[str, Any], names: dict[str, str] | None = No
 
 
 def study_runs_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    """One row per run: updates, wall time, throughput, its best and last validation BLEU, and its test
+    """One row per run: updates, wall time, throughput, its best and last validation BLEU, the budget rule's
+    gain over its whole curve (best validation BLEU after 0.75 U minus the best up to it), and its test
     sacreBLEU at both checkpoint kinds."""
     name = names or {}
     tests = list(report["summary"])
     kinds = list(report["summary"][tests[0]])
     columns = [f"{test} {_checkpoint(report, kind)}" for test in tests for kind in kinds]
-    lines = ["| system | seed | updates | wall time (h) | target tokens/s | best valid BLEU (update) | "
-             "last valid BLEU | " + " | ".join(columns) + " |",
-             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(tests) * len(kinds))]
+    lines = ["| system | seed | updates | wall time (s) | target tokens/s | best valid BLEU (update) | "
+             "last valid BLEU | gain after 0.75 U | " + " | ".join(columns) + " |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(tests) * len(kinds))]
     for run in report["runs"]:
         curve = run["valid_bleu"]
         best = max(bleu for _, bleu in curve)
         first = min(update for update, bleu in curve if bleu == best)
-        tokens = run["train_target_tokens_per_second"]
+        tokens, gain = run["train_target_tokens_per_second"], run["plateau"]["gain"]
         lines.append(f"| {name.get(run['system'], run['system'])} | {run['seed']} | {run['num_updates']:,} | "
-                     f"{run['wall_seconds'] / 3600:.1f} | {'—' if tokens is None else f'{tokens:.0f}'} | "
-                     f"{best:.2f} ({first:,}) | {curve[-1][1]:.2f} | "
+                     f"{run['wall_seconds']:,.0f} | {'—' if tokens is None else f'{tokens:,.0f}'} | "
+                     f"{best:.2f} ({first:,}) | {curve[-1][1]:.2f} | {'—' if gain is None else f'{gain:+.2f}'} | "
                      + " | ".join(f"{run['test'][test][kind]:.2f}" for test in tests for kind in kinds) + " |")
     return lines

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scipy import stats
-
 from mtsa_fairseq.experiments.significance import format_p
 
 BLEU_KINDS = {"summary": "sacreBLEU", "summary_tokenized": "tokenized, compound-split"}
@@ -26,6 +24,8 @@ def _checkpoint(report: dict[str, Any], kind: str) -> str:
 def welch_interval(row: dict[str, Any], baseline: str, system: str, level: float = 0.95) -> tuple[float, float]:
     """Welch's confidence interval of mean(system) - mean(baseline): the difference ± t_{(1+level)/2, df} times
     sqrt(sd_s^2 / n_s + sd_b^2 / n_b), with the Welch-Satterthwaite df the report's test used."""
+    from scipy import stats  # imported here: the commands start without scipy (tests/test_plugin_imports.py)
+
     base, sys_ = row[baseline], row[system]
     diff = sys_["mean"] - base["mean"]
     half = stats.t.ppf((1 + level) / 2, row["welch"]["df"]) * math.sqrt(

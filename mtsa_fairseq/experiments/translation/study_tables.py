@@ -49,8 +49,7 @@ def study_table(report: dict[str, Any], names: dict[str, str] | None = None) -> 
                 low, high = welch_interval(row, baseline, system)
                 lines.append(f"| {test} | {_checkpoint(report, kind)} | {bleu} | {sides[0]} | {sides[1]} | "
                              f"{row[system]['mean'] - row[baseline]['mean']:+.2f} | {low:+.2f} to {high:+.2f} | "
-                             f"{welch['t']:.2f} "
-                             f"({welch['df']:.1f}) | {format_p(welch['p_two_sided'])} | "
+                             f"{welch['t']:.2f} ({welch['df']:.1f}) | {format_p(welch['p_two_sided'])} | "
                              f"{format_p(welch['p_greater'])} |")
     return lines
 

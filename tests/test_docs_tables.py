@@ -112,6 +112,25 @@ def test_anchor_table_of_a_cross_validation_uses_the_folds_chosen_numbers():
     assert rows[("mtsa_encoder", "chosen on the other folds")].endswith("| 0.119 | 0.060 |")
 
 
+def test_the_number_chosen_on_the_other_folds_leads_every_cross_validation_table():
+    """The honest held-out number comes first; the fold-selected one is labelled test-selected."""
+    report = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    cv = report["cross_validation"]["archs"]["mtsa_encoder"]
+    head, _, mtsa = experiment.cross_validation_table(report)[:3]
+    assert head.split(" | ")[2:5] == ["chosen", "best (test-selected)", "last"]
+    assert mtsa.split(" | ")[2].startswith(f"{cv['chosen']['mean']:.2f} ± ")
+    folds = experiment.folds_table(report, archs=["mtsa_encoder"])
+    assert folds[0] == "| fold | mtsa_encoder: chosen (update) | best, test-selected (update) | last |"
+    numbers = experiment.held_out_numbers(report, experiment._runs_by_arch(report, ["mtsa_encoder"])["mtsa_encoder"])
+    fold0 = numbers[(1, 0)]
+    assert folds[2] == (f"| 0 | {fold0['chosen'][0]:.2f} ({fold0['chosen'][1]:,}) | "
+                        f"{fold0['best'][0]:.2f} ({fold0['best'][1]:,}) | {fold0['last'][0]:.2f} |")
+    kinds = [row.split(" | ")[1] for row in anchor_table(report, value=79.8, label="CNN-rand")[2:5]]
+    assert kinds == ["chosen on the other folds", "best (test-selected)", "last"]
+    assert "chosen: at the update best on average over the other folds; best (test-selected)" in (
+        experiment.report_markdown(report).replace("\n", " "))
+
+
 def _search_run(arch: str, lr: float, curve: list[list[float]], status: str = "done") -> dict:
     run = {"arch": arch, "lr": lr, "status": status, "dev_curve": curve}
     return {**run, **lr_search.run_scores(run)}

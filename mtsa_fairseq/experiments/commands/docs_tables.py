@@ -5,9 +5,9 @@ A generated table is the block between a line ``<!-- table REPORT KIND [OLD=NEW 
 mtsa-sentence-lr-search, a curves JSON or a study.json of mtsa-multi30k-study (path relative to the document), with
 architecture (or run) OLD shown as NEW (``archs=A,B`` keeps only those architectures in a folds table). Kinds:
 summary (per architecture: the metric per seed, mean ± sd, Welch's t-test; ``metric=NAME`` for another metric
-of the report, e.g. spearman or mse on SICK), cv (cross-validation: best, chosen,
-last and the paired tests), runs (per run: the tested checkpoint as the run recorded it, its dev metric, the
-last validation), folds (per fold: best, chosen and last of every architecture), anchor (``value=NUMBER
+of the report, e.g. spearman or mse on SICK), cv (cross-validation: chosen, best (test-selected), last and the
+paired tests), runs (per run: the tested checkpoint as the run recorded it, its dev metric, the last
+validation), folds (per fold: chosen, best and last of every architecture), anchor (``value=NUMBER
 label=NAME``: one-sample t-tests of every architecture's numbers, per seed or per fold, against a published
 figure), search (a search.json: per architecture the best dev metric at every rate and the rate the rule
 chose), curves (a curves JSON: every run's validation BLEU and loss per validated update), plateau (a curves

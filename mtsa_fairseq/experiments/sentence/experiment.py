@@ -332,15 +332,15 @@ def _compare(results: list[dict[str, Any]], metric: str,
     return archs, tests
 
 
-CV_KINDS = ("best", "chosen", "last")
+CV_KINDS = ("chosen", "best", "last")  # the honest number first
 
 
 def cross_validation(config: TaskConfig, results: list[dict[str, Any]], reference: str) -> dict[str, Any]:
     """Cross-validation per architecture over its (seed, fold) runs, three held-out numbers per run:
 
-    * ``best``: the best checkpoint's, selected on the held-out fold itself (the papers' protocol; optimistic);
     * ``chosen``: at the update that maximises the mean held-out metric of the architecture's runs on the
       *other* folds (validation steps every run has), so no run's own fold chooses its number;
+    * ``best``: the best checkpoint's, selected on the held-out fold itself (the papers' protocol; optimistic);
     * ``last``: after the last update (no selection).
 
     Mean and sd over runs, and paired t-tests of ``reference`` against each other architecture over the runs
@@ -411,8 +411,9 @@ def report_markdown(summary: dict[str, Any]) -> str:
     if "cross_validation" in summary:
         lines += ["", f"### Cross-validation: held-out {metric}, mean ± sd over runs (seeds x folds); paired t-test "
                   f"of {ref} vs each, matched by seed and fold", "",
-                  "best: the best checkpoint on the held-out fold (the papers' protocol, which selects on that fold); "
-                  "chosen: at the update best on average over the other folds; last: after the last update.", "",
+                  "chosen: at the update best on average over the other folds; best (test-selected): the best "
+                  "checkpoint on the held-out fold (the papers' protocol, which selects on that fold); last: after the "
+                  "last update.", "",
                   *cross_validation_table(summary)]
     if "runs" in summary:
         lines += ["", "### Runs", "", *(runs_table(summary) if "cross_validation" not in summary
@@ -458,10 +459,11 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
 
 
 def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    """Per architecture: best, chosen and last held-out metric (mean ± sd over runs) and the paired tests."""
+    """Per architecture: chosen, best (test-selected) and last held-out metric (mean ± sd over runs) and the
+    paired tests."""
     cv, ref, f, name = summary["cross_validation"], summary["reference"], metric_format(summary["metric"]), names or {}
-    lines = [f"| architecture | runs | best | chosen | last | {name.get(ref, ref)} − it, best (p) | chosen (p) | "
-             "last (p) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| architecture | runs | chosen | best (test-selected) | last | {name.get(ref, ref)} − it, "
+             "chosen (p) | best (p) | last (p) |", "|---|---|---|---|---|---|---|---|"]
     for arch, row in cv["archs"].items():
         cells = [name.get(arch, arch), str(row["runs"])]
         for kind in CV_KINDS:
@@ -532,14 +534,14 @@ def held_out_numbers(summary: dict[str, Any], runs: dict[tuple[int, int], Any]) 
 
 def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
                 archs: list[str] | None = None) -> list[str]:
-    """One row per (seed, fold), per architecture (all, or ``archs``) its held-out metric: best (the tested
-    checkpoint's, with its update), chosen (with the update the other folds chose) and last."""
+    """One row per (seed, fold), per architecture (all, or ``archs``) its held-out metric: chosen (with the update
+    the other folds chose), best (the tested checkpoint's, with its update; test-selected) and last."""
     f, name = metric_format(summary["metric"]), names or {}
     numbers = {arch: held_out_numbers(summary, runs) for arch, runs in _runs_by_arch(summary, archs).items()}
     seeds = {seed for runs in numbers.values() for seed, _ in runs}
     head = ["seed", "fold"] if len(seeds) > 1 else ["fold"]
     for arch in numbers:
-        head += [f"{name.get(arch, arch)}: best (update)", "chosen (update)", "last"]
+        head += [f"{name.get(arch, arch)}: chosen (update)", "best, test-selected (update)", "last"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in sorted(set().union(*(set(runs) for runs in numbers.values()))):
         cells = [str(key[0]), str(key[1])] if len(seeds) > 1 else [str(key[1])]
@@ -548,14 +550,14 @@ def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
             if run is None:
                 cells += ["—"] * 3
                 continue
-            cells += [f"{run['best'][0]:{f}} ({run['best'][1]:,})",
-                      "—" if run["chosen"] is None else f"{run['chosen'][0]:{f}} ({run['chosen'][1]:,})",
+            cells += ["—" if run["chosen"] is None else f"{run['chosen'][0]:{f}} ({run['chosen'][1]:,})",
+                      f"{run['best'][0]:{f}} ({run['best'][1]:,})",
                       f"{run['last'][0]:{f}}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-ANCHOR_KINDS = {"best": "best (test-selected)", "chosen": "chosen on the other folds", "last": "last"}
+ANCHOR_KINDS = {"chosen": "chosen on the other folds", "best": "best (test-selected)", "last": "last"}
 
 
 def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, value: float = 0.0,

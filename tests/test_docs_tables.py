@@ -295,6 +295,13 @@ def test_a_relatedness_summary_tests_every_metric_and_renders_each():
     assert table[0].startswith("| architecture | seeds | spearman per seed |")
     assert table[2].startswith("| mtsa_encoder | 3 | 0.8000, 0.8100, 0.8200 | 0.8100 ± 0.0100 |")
     assert experiment.summary_table(summary, metric="pearson") == experiment.summary_table(summary)
+    # a lower MSE is better: the one-sided p asks whether MTSA's is lower, Welch's less-than alternative
+    mse_table = experiment.summary_table(summary, metric="mse")
+    assert mse_table[0].endswith("| p (two-sided) | p (mtsa_encoder < it) |")
+    less = stats.ttest_ind([0.3 - r / 10 for r in (0.85, 0.86, 0.87)], [0.3 - r / 10 for r in (0.82, 0.84, 0.83)],
+                           equal_var=False, alternative="less").pvalue
+    assert mse_table[3].endswith(f"| {less:.3f} |") and less < 0.5
+    assert experiment.summary_table(summary)[0].endswith("| p (mtsa_encoder > it) |")
     markdown = experiment.report_markdown(summary)
     assert "test spearman:" in markdown and "test mse:" in markdown
     accuracy = experiment.summarize(experiment.TaskConfig(Path("t.yaml"), "t", "trec", "accuracy", {}, {}),

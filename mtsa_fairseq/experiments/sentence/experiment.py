@@ -425,6 +425,9 @@ def metric_format(metric: str) -> str:
     return ".2f" if metric == "accuracy" else ".4f"
 
 
+LOWER_IS_BETTER = {"mse"}  # metrics for which the one-sided test asks whether the reference is lower
+
+
 def _p(p: float) -> str:
     return "< 0.001" if p < 0.0005 else f"{p:.3f}"
 
@@ -432,15 +435,17 @@ def _p(p: float) -> str:
 def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
                   metric: str | None = None) -> list[str]:
     """Per architecture: the metric (default: the task's; else one of ``other_metrics``) per seed, mean ± sd, and
-    Welch's t-test of the reference against it (and each architecture's learning rate when a search chose them)."""
+    Welch's t-test of the reference against it (and each architecture's learning rate when a search chose them).
+    The one-sided p is that of the reference being better: greater, or lower for a metric in LOWER_IS_BETTER."""
     if metric not in (None, summary["metric"]):
         summary = {**summary, **summary["other_metrics"][metric], "metric": metric}
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
     rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
     lr_column = " lr |" if rates else ""
+    lower = metric in LOWER_IS_BETTER
     lines = [f"| architecture |{lr_column} seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | "
-             f"p (two-sided) | p ({ref} > it) |", "|---|" + "---|" * (9 if rates else 8)]
+             f"p (two-sided) | p ({ref} {'<' if lower else '>'} it) |", "|---|" + "---|" * (9 if rates else 8)]
     for arch, row in summary["archs"].items():
         sd = "" if row["std"] is None else f" ± {row['std']:{f}}"
         values = ", ".join(f"{v:{f}}" for v in row["values"])
@@ -451,7 +456,7 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
             cells = f"{test['error']} | | | |"
         else:
             cells = (f"{test['difference']:+{f}} | {test['t']:.2f} | {test['df']:.1f} | {_p(test['p_two_sided'])} | "
-                     f"{_p(test['p_greater'])}")
+                     f"{_p(1 - test['p_greater'] if lower else test['p_greater'])}")
         lr = f" {rates[arch]:g} |" if rates else ""
         lines.append(f"| {name.get(arch, arch)} |{lr} {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | "
                      f"{cells} |")

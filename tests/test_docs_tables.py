@@ -218,6 +218,17 @@ def test_summary_table_shows_the_searched_rates():
     assert experiment.summary_table(summary)[1] == "|---|---|---|---|---|---|---|---|---|"
 
 
+def test_cross_validation_table_shows_the_searched_rates():
+    report = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    plain = experiment.cross_validation_table(report)
+    report["lr_from"] = {"chosen": {"mtsa_encoder": 3e-4, "multi_head_encoder": 5e-4, "fast_disa_encoder": 5e-4}}
+    table = experiment.cross_validation_table(report)
+    assert table[0] == plain[0].replace("| architecture | runs |", "| architecture | lr | runs |")
+    assert table[1] == plain[1] + "---|"
+    assert table[2] == plain[2].replace("| mtsa_encoder | 10 |", "| mtsa_encoder | 0.0003 | 10 |")
+    assert table[3] == plain[3].replace("| multi_head_encoder | 10 |", "| multi_head_encoder | 0.0005 | 10 |")
+
+
 def _study() -> dict:
     """A study.json of two seeds per system on one test set (the fields mtsa-multi30k-study writes)."""
     def row(base: float, system: float) -> dict:

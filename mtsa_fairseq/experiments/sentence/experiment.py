@@ -465,12 +465,13 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
 
 def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """Per architecture: chosen, best (test-selected) and last held-out metric (mean ± sd over runs) and the
-    paired tests."""
+    paired tests (and each architecture's learning rate when a search chose them)."""
     cv, ref, f, name = summary["cross_validation"], summary["reference"], metric_format(summary["metric"]), names or {}
-    lines = [f"| architecture | runs | chosen | best (test-selected) | last | {name.get(ref, ref)} − it, "
-             "chosen (p) | best (p) | last (p) |", "|---|---|---|---|---|---|---|---|"]
+    rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
+    lines = [f"| architecture |{' lr |' if rates else ''} runs | chosen | best (test-selected) | last | "
+             f"{name.get(ref, ref)} − it, chosen (p) | best (p) | last (p) |", "|---|" + "---|" * (8 if rates else 7)]
     for arch, row in cv["archs"].items():
-        cells = [name.get(arch, arch), str(row["runs"])]
+        cells = [name.get(arch, arch), *([f"{rates[arch]:g}"] if rates else []), str(row["runs"])]
         for kind in CV_KINDS:
             mean, sd = row[kind]["mean"], row[kind]["std"]
             cells.append("—" if mean is None else f"{mean:{f}}" + ("" if sd is None else f" ± {sd:{f}}"))

@@ -33,6 +33,9 @@ def test_throughput_is_the_median_wps_past_the_skipped_updates():
     (["--profile", "2", "3"], "--profile needs --logs"),
     (["--profile", "2", "9", "--logs", "."], "START <= END <= --skip-updates"),
     (["--profile", "0", "3", "--logs", "."], "--profile must be positive"),
+    (["--archs", "transformer_tiny"], "at least two systems"),
+    (["--archs", "transformer_tiny", "--mtsa-kernel sdpa"], "starts with its architecture"),
+    (["--archs", "transformer_tiny", "transformer_mtsa_tiny --mtsa-kernel 'sdpa"], "No closing quotation"),
 ])
 def test_profile_usage_errors(args, message):
     proc = run("--device", "cpu", "--precision", "fp32", "--updates", "10", "--skip-updates", "5", *args)
@@ -44,15 +47,22 @@ def test_profile_usage_errors(args, message):
 def test_tiny_cpu_run_writes_the_table_and_a_profile_of_each_run(tmp_path):
     out, logs = tmp_path / "bench.json", tmp_path / "logs"
     logs.mkdir()
-    proc = run("--device", "cpu", "--precision", "fp32", "--archs", "transformer_tiny", "transformer_mtsa_tiny",
+    joint = "transformer_mtsa_tiny --mtsa-kernel sdpa-joint"
+    proc = run("--device", "cpu", "--precision", "fp32", "--archs", "transformer_tiny", "transformer_mtsa_tiny", joint,
                "--max-tokens", "256", "--updates", "8", "--skip-updates", "5", "--log-interval", "1", "--vocab", "100",
                "--pairs", "200", "--profile", "3", "4", "--no-cudnn-attention", "--logs", str(logs), "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert "cuDNN attention off" in result["settings"]
+    assert result["archs"] == ["transformer_tiny", "transformer_mtsa_tiny", joint]
     row = result["rows"][0]
     assert row["max_tokens"] == 256 and all(row["tok_s"][a] > 0 for a in result["archs"])
-    for arch in ("transformer_tiny", "transformer_mtsa_tiny"):
+    assert set(row["throughput_ratio"]) == set(row["memory_ratio"]) == {"transformer_mtsa_tiny", joint}
+    ratio = row["tok_s"][joint] / row["tok_s"]["transformer_tiny"]
+    assert row["throughput_ratio"][joint] == pytest.approx(ratio)
+    joint_log = (logs / "transformer_mtsa_tiny_--mtsa-kernel_sdpa-joint-256-run1.log").read_text()
+    assert "mtsa_kernel='sdpa-joint'" in joint_log
+    for arch in ("transformer_tiny", "transformer_mtsa_tiny", "transformer_mtsa_tiny_--mtsa-kernel_sdpa-joint"):
         report = (logs / f"{arch}-256-run1.profile.txt").read_text()
         assert report.startswith("updates profiled: 2 ")
         assert "of which inside Trainer.train_step (host)" in report and "aten::nonzero per update" in report

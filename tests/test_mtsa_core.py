@@ -33,7 +33,7 @@ def padding(b=B, length=L, left=True):
     return pad
 
 
-KERNELS = {"exp": ["auto", "sdpa", "dense"], "sigmoid": ["auto", "dense", "flex"]}
+KERNELS = {"exp": ["auto", "sdpa", "sdpa-joint", "dense"], "sigmoid": ["auto", "dense", "flex"]}
 CASES = [
     (t2t, kernel, direction, include_self, padded, chunk)
     for t2t in ("exp", "sigmoid")
@@ -84,6 +84,7 @@ def test_naive_matches_literal():
 @pytest.mark.parametrize(
     "t2t,direction,include_self,kernel",
     [("exp", None, True, "sdpa"), ("exp", "bi", False, "sdpa"), ("exp", None, False, "dense"),
+     ("exp", None, True, "sdpa-joint"), ("exp", "bi", False, "sdpa-joint"),
      ("sigmoid", "bi", False, "dense"), ("sigmoid", None, True, "dense")],
 )
 def test_gradcheck(t2t, direction, include_self, kernel):
@@ -212,14 +213,15 @@ def test_half_precision_does_not_overflow(dtype):
     torch.testing.assert_close(out.double(), ref, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("kernel", ["sdpa", "sdpa-joint"])
 @pytest.mark.parametrize("direction,include_self", [(None, True), ("bi", False), (None, False)])
-def test_exp_path_never_builds_an_l_by_l_tensor(direction, include_self, largest_tensor):
+def test_exp_path_never_builds_an_l_by_l_tensor(direction, include_self, kernel, largest_tensor):
     b, h, length, d = 2, 4, 256, 8
     q, k, v, s2t = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(4))
     pad = torch.zeros(b, length, dtype=torch.bool)
     pad[1, :17] = True
     with largest_tensor() as mode:
-        out = mtsa_core(q, k, v, s2t.abs(), pad, direction, include_self, query_chunk_size=16)
+        out = mtsa_core(q, k, v, s2t.abs(), pad, direction, include_self, query_chunk_size=16, kernel=kernel)
         out.sum().backward()
     assert mode.largest < b * length * length  # not even one [B, L, L] slab, let alone [B, H, L, L]
     with largest_tensor() as naive:
@@ -235,6 +237,8 @@ def test_exp_path_never_builds_an_l_by_l_tensor(direction, include_self, largest
         (dict(token2token="relu"), "token2token must be one of"),
         (dict(dropout_p=1.0), "dropout_p"),
         (dict(kernel="sdpa", token2token="sigmoid"), "not an exp form"),
+        (dict(kernel="sdpa-joint", token2token="sigmoid"), "not an exp form"),
+        (dict(kernel="sdpa-joint", dropout_p=0.1, training=True), "'sdpa-joint' has no attention dropout"),
         (dict(kernel="flex"), "for token2token='sigmoid'"),
         (dict(kernel="cuda"), "kernel must be one of"),
         (dict(s2t_activation="tanh"), "s2t_activation must be one of"),
@@ -258,7 +262,7 @@ def test_bad_shapes():
         mtsa_core(*(t.float() for t in (q[:, :, -2:], k, v, s2t)), token2token="sigmoid", kernel="flex")
 
 
-@pytest.mark.parametrize("t2t,kernel", [("exp", "sdpa"), ("exp", "dense"), ("sigmoid", "dense")])
+@pytest.mark.parametrize("t2t,kernel", [("exp", "sdpa"), ("exp", "sdpa-joint"), ("exp", "dense"), ("sigmoid", "dense")])
 @pytest.mark.parametrize("direction", [None, "bi", "forward", "backward"])
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("last", [1, 4])
@@ -300,6 +304,7 @@ def reference_weights(s2t, s2t_activation):
 @pytest.mark.parametrize(
     "t2t,kernel,direction,s2t_activation",
     [("exp", "sdpa", None, "exp"), ("exp", "sdpa", "bi", "sigmoid"), ("exp", "sdpa", "forward", None),
+     ("exp", "sdpa-joint", None, "exp"), ("exp", "sdpa-joint", "bi", "sigmoid"),
      ("exp", "dense", "backward", "exp"), ("sigmoid", "dense", None, "exp"), ("sigmoid", "dense", "bi", None),
      ("sigmoid", "flex", "bi", "sigmoid")],
 )

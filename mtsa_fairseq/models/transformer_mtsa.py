@@ -40,8 +40,9 @@ MTSA_OPTIONS = (
     Option("--mtsa-s2t-hidden-activation", "none", "activation of an extra per-head source2token layer "
            "(afn_extra); none = the single layer the authors ran", choices=("none", *sorted(ACTIVATIONS))),
     Option("--mtsa-kernel", "auto", "how the MTSA layers compute their attention core (mtsa_core's kernel): auto "
-           "picks two SDPA calls for the exp form, the fused Triton kernel for sigmoid forms on CUDA; sdpa, dense, "
-           "flex and triton force one (docs/kernel.md)", choices=KERNELS),
+           "picks two SDPA calls for the exp form, the fused Triton kernel for sigmoid forms on CUDA; sdpa, "
+           "sdpa-joint (one SDPA call, no attention dropout), dense, flex and triton force one (docs/kernel.md)",
+           choices=KERNELS),
     Option("--mtsa-bi-directional", False, "forward masks on the first half of the encoder heads, backward on the "
            "rest (diagonal included); off as the authors ran; the decoder is always causal"),
 )

@@ -22,8 +22,10 @@ How it is computed (reference §8.2, §8.4):
 * ``exp``: with ``P = softmax(s + mask)``, ``out = SDPA(q, k, v * E_S) / SDPA(q, k, E_S)``; the row
   normaliser cancels, the kernel's max-subtraction makes it overflow-free in fp16/bf16, and the fused
   kernels keep memory O(L): no ``[B, H, L, L]`` tensor is built when only key padding masks the
-  scores. Positional masks are built in query chunks of bounded size (``[B, 1, chunk, L]`` booleans),
-  and forward/backward chunks only visit the keys they can see.
+  scores. Without attention dropout both share one ``P``, so ``kernel="sdpa-joint"`` makes one call over the
+  joined values ``[v * E_S, E_S]`` instead of two (``q`` and ``k`` padded with zero columns to their ``2 d_v``).
+  Positional masks are built in query chunks of bounded size (``[B, 1, chunk, L]`` booleans), and
+  forward/backward chunks only visit the keys they can see.
 * ``sigmoid``: ``sigmoid(s) = exp(logsigmoid(s))``, so a kernel with a score modifier computes it the
   same way: ``kernel="flex"`` runs FlexAttention with ``score_mod = logsigmoid`` (compiled into a
   fused kernel on CUDA; eager elsewhere, for checking). Plain SDPA cannot, so on CPU the default (``"auto"``)
@@ -71,7 +73,7 @@ from .per_head import stable_exp
 
 DIRECTIONS = (None, "bi", "forward", "backward")
 TOKEN2TOKEN = ("exp", "sigmoid")
-KERNELS = ("auto", "sdpa", "dense", "flex", "triton")
+KERNELS = ("auto", "sdpa", "sdpa-joint", "dense", "flex", "triton")
 S2T_ACTIVATIONS = (None, "exp", "sigmoid")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FLEX_MIN_WIDTH = 16  # the smallest q/k/v head width compiled FlexAttention takes
@@ -208,8 +210,11 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
     if token2token == "exp":
         if kernel in ("flex",):
             raise ValueError("kernel='flex' is for token2token='sigmoid'; the exp path uses SDPA")
-        return "dense" if kernel == "dense" else "sdpa"
-    if kernel == "sdpa":
+        if kernel == "sdpa-joint" and dropout_active:
+            raise ValueError("kernel='sdpa-joint' has no attention dropout (N needs its own dropped probabilities); "
+                             "use kernel='sdpa' when training with dropout")
+        return kernel if kernel in ("dense", "sdpa-joint") else "sdpa"
+    if kernel in ("sdpa", "sdpa-joint"):
         raise ValueError("token2token='sigmoid' is not an exp form: plain SDPA cannot compute it")
     if kernel == "flex" and dropout_active:
         raise ValueError("kernel='flex' has no attention dropout; use kernel='dense' when training with dropout")
@@ -310,9 +315,10 @@ def mtsa_core(
         dropout_p: attention dropout ``p``; ``E_R`` and ``E_S`` each keep ``sqrt(1 - p)`` in the
             numerator only, and only when ``training``.
         kernel: ``"auto"`` (``"sdpa"`` for exp; for sigmoid ``"triton"`` on CUDA tensors when Triton is
-            installed, else ``"dense"``); ``"sdpa"`` (exp only), ``"dense"`` (materialises scores per query
-            chunk), ``"flex"`` (sigmoid via FlexAttention, no dropout), ``"triton"`` (the fused kernel; CPU
-            tensors only under ``TRITON_INTERPRET=1``).
+            installed, else ``"dense"``); ``"sdpa"`` (exp only), ``"sdpa-joint"`` (exp without attention
+            dropout: one SDPA call for ``N`` and ``Z``), ``"dense"`` (materialises scores per query chunk),
+            ``"flex"`` (sigmoid via FlexAttention, no dropout), ``"triton"`` (the fused kernel; CPU tensors only
+            under ``TRITON_INTERPRET=1``).
         query_chunk_size: queries per chunk where masks or scores are materialised (default: keep
             each chunk's ``[B, H, chunk, L]`` tensor under 2**24 elements).
         s2t_activation: None (``s2t`` is ``E_S``), ``"exp"`` (``E_S = exp(S)``) or ``"sigmoid"``
@@ -495,16 +501,17 @@ def _chunked(
     batch, num_heads, q_len, _ = q.shape
     k_len = k.shape[2]
     keys_real = None if key_padding_mask is None else ~key_padding_mask
+    joint = use == "sdpa-joint"
 
     def whole(qh: Tensor, kh: Tensor, nh: Tensor, sh: Tensor, mode: str | None) -> tuple[Tensor, Tensor] | None:
         """One SDPA pair over all keys when the heads' mask needs no chunking: no positional mask, one
         new query that sees every earlier key, or the kernel's own causal mask; else None."""
-        if use != "sdpa" or not include_self:
+        if use == "dense" or not include_self:
             return None
         if mode is None or mode == "forward" and q_len == 1:
-            return _sdpa_ratio(qh, kh, nh, sh, _key_mask(keys_real), scale, dropout_active, keep)
+            return _sdpa_ratio(qh, kh, nh, sh, _key_mask(keys_real), scale, dropout_active, keep, joint=joint)
         if mode == "forward" and keys_real is None and q_len == k_len:
-            return _sdpa_ratio(qh, kh, nh, sh, None, scale, dropout_active, keep, is_causal=True)
+            return _sdpa_ratio(qh, kh, nh, sh, None, scale, dropout_active, keep, is_causal=True, joint=joint)
         return None
 
     if len(groups) == 1 and (result := whole(q, k, num_values, e_s, groups[0][1])) is not None:
@@ -525,8 +532,9 @@ def _chunked(
                 key_mask = keys_real[:, None, None, k0:k1]
                 mask = key_mask if mask is None else mask & key_mask
             args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1])
-            if use == "sdpa":
-                out[:, heads, q0:q1], small[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep)
+            if use != "dense":
+                out[:, heads, q0:q1], small[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep,
+                                                                           joint=joint)
             else:
                 out[:, heads, q0:q1], small[:, heads, q0:q1] = _dense_ratio(
                     *args, mask, scale, token2token, dropout_active, keep
@@ -621,22 +629,33 @@ def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
 
 def _sdpa_ratio(
     q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
-    scale: float, dropout_active: bool, keep: float, is_causal: bool = False,
+    scale: float, dropout_active: bool, keep: float, is_causal: bool = False, joint: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities only
     (reference §8.3) and 0 on rows without an allowed key; ``is_causal`` is the kernel's own
-    forward-with-self mask (no mask tensor at all). Also returns the underflowed rows."""
+    forward-with-self mask (no mask tensor at all); ``joint`` (no dropout) computes both in one call over the
+    joined values. Also returns the underflowed rows."""
     empty: Tensor | None = None
     if mask is not None:
         # applied whether or not a row is empty: asking would cost a host synchronisation (and a compiled graph
         # cannot branch on it); on rows with keys both operations are the identity, in value and gradient
         empty = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
         mask = mask | empty  # keep softmax kernels away from all -inf rows; zeroed below
-    num = F.scaled_dot_product_attention(
-        q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
-        is_causal=is_causal,
-    )
-    den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=mask, scale=scale, is_causal=is_causal)
+    if joint:
+        # zero columns bring q, k and the joined values to one width, which the fused (flash) kernels need;
+        # they change neither the scores (the scale is given) nor the first 2 * d_v output columns
+        d_v = num_values.shape[-1]
+        width = max(q.shape[-1], 2 * d_v)
+        q, k = (F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k))
+        values = F.pad(torch.cat([num_values, den_values], dim=-1), (0, width - 2 * d_v))
+        both = F.scaled_dot_product_attention(q, k, values, attn_mask=mask, scale=scale, is_causal=is_causal)
+        num, den = both[..., :d_v], both[..., d_v:2 * d_v]
+    else:
+        num = F.scaled_dot_product_attention(
+            q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
+            is_causal=is_causal,
+        )
+        den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=mask, scale=scale, is_causal=is_causal)
     out = _guarded_ratio(num, den)
     return (out if empty is None else out.masked_fill(empty, 0.0)), _underflowed(den, q.dtype)
 

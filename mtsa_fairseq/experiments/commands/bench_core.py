@@ -2,13 +2,14 @@
 
 * ``mtsa``: :class:`MTSAMultiheadAttention` (projections + source2token + ``mtsa_core`` with ``kernel="auto"``,
   which for this module's exp token2token is two SDPA calls on every device);
-* ``mtsa-sdpa`` and ``mtsa-triton``: the same module with the kernel fixed (``mtsa-triton`` needs CUDA);
+* ``mtsa-sdpa``, ``mtsa-sdpa-joint`` and ``mtsa-triton``: the same module with the kernel fixed (two SDPA calls,
+  one over the joined values, the fused kernel; ``mtsa-triton`` needs CUDA);
 * ``naive``: the same module's projections with the authors' ``[B, H, L, L]`` algorithm (``mtsa_naive``);
 * ``mha``: fairseq's ``MultiheadAttention``;
 * ``mha-flash``: the MTSA module's q/k/v/out projections around one fused ``scaled_dot_product_attention``
   call, i.e. multi-head attention on the flash kernel: the cost the Triton kernel aims at.
 
-With ``--core`` the projections are left out: ``mtsa-sdpa``, ``mtsa-triton`` and ``mha-flash`` then time
+With ``--core`` the projections are left out: the ``mtsa-*`` kernels and ``mha-flash`` then time
 ``mtsa_core`` (source2token logits given, sigmoid) and ``scaled_dot_product_attention`` alone on per-head
 ``[B, H, L, d]`` tensors without padding, so that multi-head attention runs on PyTorch's flash kernel.
 
@@ -31,7 +32,9 @@ from pathlib import Path
 from mtsa_fairseq.experiments.files import write_atomic
 from mtsa_fairseq.experiments.processes import run_command
 
-METHODS = ("mtsa", "mtsa-sdpa", "mtsa-triton", "naive", "mha", "mha-flash")
+METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-triton", "naive", "mha", "mha-flash")
+CORE_METHODS = ("mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-triton", "mha-flash")
+KERNEL_OF = {"mtsa-sdpa": "sdpa", "mtsa-sdpa-joint": "sdpa-joint", "mtsa-triton": "triton"}
 DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-triton", "mha-flash", "mha"),
                    "core": ("mtsa-sdpa", "mtsa-triton", "mha-flash")}
 
@@ -55,13 +58,13 @@ def measure(method: str, length: int, args: argparse.Namespace) -> dict:
     if method == "mha":
         module = MultiheadAttention(dim, heads, self_attention=True)
     else:
-        kernel = {"mtsa-sdpa": "sdpa", "mtsa-triton": "triton"}.get(method, "auto")
+        kernel = KERNEL_OF.get(method, "auto")
         module = MTSAMultiheadAttention(dim, heads, kernel=kernel)
     module = module.to(device=device, dtype=dtype)
 
     def step(x, pad):
         n = x.shape[0]
-        if method in ("mtsa", "mtsa-sdpa", "mtsa-triton", "mha"):
+        if method == "mha" or method.startswith("mtsa"):
             return module(x, x, x, key_padding_mask=pad)[0]
 
         def split(t):
@@ -103,7 +106,7 @@ def measure_core(method: str, length: int, args: argparse.Namespace) -> dict:
     from mtsa_fairseq.modules.mtsa_core import mtsa_core
 
     dtype, device = getattr(torch, args.dtype), args.device
-    kernel = {"mtsa-sdpa": "sdpa", "mtsa-triton": "triton"}.get(method)
+    kernel = KERNEL_OF.get(method)
 
     def inputs(n):
         shape = (args.batch, args.heads, n, args.dim // args.heads)
@@ -162,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: mtsa naive mha on CPU; mtsa-sdpa mtsa-triton mha-flash mha on CUDA")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table (with a line of settings) here")
     parser.add_argument("--core", action="store_true",
-                        help="time the attention cores alone on per-head tensors (CUDA; mtsa-sdpa, mtsa-triton, "
+                        help="time the attention cores alone on per-head tensors (CUDA; the mtsa-* kernels and "
                              "mha-flash)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "method:length", run in a subprocess
     return parser
@@ -191,8 +194,8 @@ def _main() -> None:
     if not can_measure(args.device):
         parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
     args.methods = args.methods or list(DEFAULT_METHODS["core" if args.core else "cuda" if cuda else "cpu"])
-    if args.core and (not cuda or set(args.methods) - {"mtsa-sdpa", "mtsa-triton", "mha-flash"}):
-        parser.error("--core needs --device cuda and only the methods mtsa-sdpa, mtsa-triton and mha-flash")
+    if args.core and (not cuda or set(args.methods) - set(CORE_METHODS)):
+        parser.error(f"--core needs --device cuda and only the methods {', '.join(CORE_METHODS)}")
     if "mtsa-triton" in args.methods and not (cuda and triton_available()):
         parser.error("mtsa-triton needs --device cuda and the triton package (pip install mtsa-fairseq[triton])")
 

@@ -2,9 +2,11 @@
 
 Writes a synthetic data-bin shaped like WMT14 En-De (a joined dictionary of ``--vocab`` symbols; sentence
 lengths as bench_transformer draws them: a normal of mean 27 and sd 12 pieces clipped to [4, 100], the target
-0.8-1.25 times its source), then trains every ``--archs`` model on it with fairseq-train for ``--updates``
-updates at each ``--max-tokens``, each run in a fresh process, the archs alternating (ABBA) over
-``--repeats``. Throughput is the median of fairseq's own ``wps`` (target tokens per second) over the log
+0.8-1.25 times its source), then trains every ``--archs`` system on it with fairseq-train for ``--updates``
+updates at each ``--max-tokens``, each run in a fresh process, the systems alternating (ABBA, ABCCBA) over
+``--repeats``. A system is an architecture, optionally with fairseq-train options of its own (e.g. two kernels of
+one architecture: ``--archs transformer_wmt_en_de transformer_mtsa_wmt_en_de "transformer_mtsa_wmt_en_de
+--mtsa-kernel sdpa-joint"``). Throughput is the median of fairseq's own ``wps`` (target tokens per second) over the log
 intervals after ``--skip-updates``; peak memory is torch's peak allocation on the GPU over the whole run.
 ``--profile START END`` also profiles updates START to END of every run, inside the skipped ones, and writes
 where the time went beside the run's log: host time inside and outside fairseq's train_step, GPU kernel time,
@@ -12,7 +14,7 @@ kernel launches and host synchronisations per update (torch.profiler), and the h
 
   mtsa-bench-fairseq-train --device cuda --precision fp16 --max-tokens 4096 8192 --markdown bench.md
 
-Every option of the runs is printed with the table; ratios are the last arch's over the first's.
+Every option of the runs is printed with the table; ratios are each system's over the first's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import pstats
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -68,11 +71,12 @@ def write_data_bin(out: Path, vocab: int, pairs: int, seed: int = 1) -> None:
         builder.finalize(prefix + ".idx")
 
 
-def fairseq_args(args: argparse.Namespace, data: Path, arch: str, max_tokens: int) -> list[str]:
-    """The fairseq-train command line of one run (without the program name)."""
+def fairseq_args(args: argparse.Namespace, data: Path, system: str, max_tokens: int) -> list[str]:
+    """The fairseq-train command line of one run of ``system`` (``ARCH [options]``), without the program name."""
+    arch, *options = shlex.split(system)
     cmd = [str(data), "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--arch", arch,
            *TRAIN_OPTIONS, "--max-tokens", str(max_tokens), "--max-update", str(args.updates),
-           "--log-interval", str(args.log_interval), "--user-dir", str(Path(__file__).resolve().parents[2])]
+           "--log-interval", str(args.log_interval), "--user-dir", str(Path(__file__).resolve().parents[2]), *options]
     if args.device == "cpu":
         cmd.append("--cpu")
     if args.precision != "fp32":
@@ -96,21 +100,27 @@ def throughput(log: str, skip_updates: int) -> float:
     return statistics.median(values)
 
 
-def train_once(args: argparse.Namespace, data: Path, arch: str, max_tokens: int, run: int) -> dict:
+def file_stem(system: str) -> str:
+    """``system`` as a file name: the architecture alone stays as it is, options join it with ``_``."""
+    return re.sub(r"[^\w.=+-]+", "_", system)
+
+
+def train_once(args: argparse.Namespace, data: Path, system: str, max_tokens: int, run: int) -> dict:
     """One fairseq-train run in a fresh process: its throughput and peak memory (its log kept in ``--logs``)."""
-    spec = {"argv": fairseq_args(args, data, arch, max_tokens)}
+    spec = {"argv": fairseq_args(args, data, system, max_tokens)}
+    stem = f"{file_stem(system)}-{max_tokens}-run{run}"
     if not args.cudnn_attention:
         spec["cudnn_attention"] = False
     if args.profile is not None:
         spec["profile"] = args.profile
-        spec["report"] = str(args.logs / f"{arch}-{max_tokens}-run{run}.profile.txt")
+        spec["report"] = str(args.logs / f"{stem}.profile.txt")
     child = [sys.executable, __file__, "--child", json.dumps(spec)]
     proc = subprocess.run(child, capture_output=True, text=True)
     if args.logs is not None:
-        write_atomic(args.logs / f"{arch}-{max_tokens}-run{run}.log", proc.stdout + proc.stderr)
+        write_atomic(args.logs / f"{stem}.log", proc.stdout + proc.stderr)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
-        raise RuntimeError(f"{arch} at --max-tokens {max_tokens} failed (exit status {proc.returncode}):\n"
+        raise RuntimeError(f"{system} at --max-tokens {max_tokens} failed (exit status {proc.returncode}):\n"
                            f"{(proc.stdout + proc.stderr)[-3000:]}")
     # fairseq's log lines reach stderr or stdout depending on who set up logging first
     return {"tok_s": throughput(proc.stdout + proc.stderr, args.skip_updates),
@@ -213,21 +223,27 @@ def child(spec: dict) -> None:
 
 
 def markdown(result: dict) -> str:
-    first, last = result["archs"][0], result["archs"][-1]
-    rows = [f"| max tokens | {first} tok/s | {last} tok/s | throughput ratio | {first} peak MB | {last} peak MB "
-            "| memory ratio |", "|---|---|---|---|---|---|---|"]
+    """One row per batch size: each system's tokens per second and peak memory, and their ratios to the first's."""
+    systems = result["archs"]
+    others = systems[1:]
+    header = (["max tokens"] + [f"{s} tok/s" for s in systems] + [f"{s} / {systems[0]} tok/s" for s in others]
+              + [f"{s} peak MB" for s in systems] + [f"{s} / {systems[0]} peak" for s in others])
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in result["rows"]:
-        rows.append(f"| {row['max_tokens']} | {row['tok_s'][first]:,.0f} | {row['tok_s'][last]:,.0f} | "
-                    f"{row['throughput_ratio']:.3f} | {row['peak_mb'][first]:,.0f} | {row['peak_mb'][last]:,.0f} | "
-                    f"{row['memory_ratio']:.3f} |")
+        cells = ([str(row["max_tokens"])] + [f"{row['tok_s'][s]:,.0f}" for s in systems]
+                 + [f"{row['throughput_ratio'][s]:.3f}" for s in others]
+                 + [f"{row['peak_mb'][s]:,.0f}" for s in systems] + [f"{row['memory_ratio'][s]:.3f}" for s in others])
+        rows.append("| " + " | ".join(cells) + " |")
     return f"{result['settings']}\n\n" + "\n".join(rows) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--archs", nargs=2, default=list(ARCHS), metavar=("BASELINE", "SYSTEM"),
-                        help="the two architectures (default: %(default)s)")
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS), metavar="SYSTEM",
+                        help="the systems compared, the baseline first: each an architecture, optionally followed "
+                             "by fairseq-train options, as one word ('transformer_mtsa_wmt_en_de --mtsa-kernel "
+                             "sdpa-joint'); at least two (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[4096, 8192],
                         help="tokens per batch, one row each (default: 4096 8192)")
     parser.add_argument("--updates", type=int, default=300, help="updates per run (default: 300)")
@@ -263,6 +279,15 @@ def _main() -> None:
     from mtsa_fairseq.experiments.bench.measure import check_positive
 
     check_positive(parser, args)
+    if len(args.archs) < 2:
+        parser.error("--archs needs at least two systems (the first is the baseline)")
+    for system in args.archs:
+        try:
+            words = shlex.split(system)
+        except ValueError as error:
+            parser.error(f"--archs {system!r}: {error}")
+        if not words or words[0].startswith("-"):
+            parser.error(f"--archs {system!r}: a system starts with its architecture")
     if args.skip_updates >= args.updates:
         parser.error("--skip-updates must be below --updates")
     for out in (args.markdown, args.json):
@@ -296,16 +321,17 @@ def _main() -> None:
         data = Path(tmp) / "data-bin"
         write_data_bin(data, args.vocab, args.pairs)
         for max_tokens in args.max_tokens:
-            runs: dict[str, list[dict]] = {arch: [] for arch in args.archs}
+            runs: dict[str, list[dict]] = {system: [] for system in args.archs}
             for r in range(args.repeats):
-                for arch in args.archs if r % 2 == 0 else args.archs[::-1]:
-                    runs[arch].append(train_once(args, data, arch, max_tokens, r + 1))
-                    print(f"[bench] {arch} --max-tokens {max_tokens}: {runs[arch][-1]}", flush=True)
-            tok_s = {a: statistics.median(x["tok_s"] for x in runs[a]) for a in args.archs}
-            peak = {a: statistics.median(x["peak_mb"] for x in runs[a]) for a in args.archs}
-            first, last = args.archs
+                for system in args.archs if r % 2 == 0 else args.archs[::-1]:
+                    runs[system].append(train_once(args, data, system, max_tokens, r + 1))
+                    print(f"[bench] {system} --max-tokens {max_tokens}: {runs[system][-1]}", flush=True)
+            tok_s = {s: statistics.median(x["tok_s"] for x in runs[s]) for s in args.archs}
+            peak = {s: statistics.median(x["peak_mb"] for x in runs[s]) for s in args.archs}
+            first = args.archs[0]
             rows.append({"max_tokens": max_tokens, "tok_s": tok_s, "peak_mb": peak, "runs": runs,
-                         "throughput_ratio": tok_s[last] / tok_s[first], "memory_ratio": peak[last] / peak[first]})
+                         "throughput_ratio": {s: tok_s[s] / tok_s[first] for s in args.archs[1:]},
+                         "memory_ratio": {s: peak[s] / peak[first] for s in args.archs[1:]}})
             result = {"settings": settings, "archs": args.archs, "rows": rows}
             # after every row: a failure at a later batch size keeps the rows measured
             if args.markdown is not None:

@@ -23,7 +23,7 @@ How it is computed (reference §8.2, §8.4):
   normaliser cancels, the kernel's max-subtraction makes it overflow-free in fp16/bf16, and the fused
   kernels keep memory O(L): no ``[B, H, L, L]`` tensor is built when only key padding masks the
   scores. Without attention dropout both share one ``P``, so ``kernel="sdpa-joint"`` makes one call over the
-  joined values ``[v * E_S, E_S]`` instead of two (``q`` and ``k`` padded with zero columns to their ``2 d_v``).
+  joined values ``[v * E_S, E_S]`` instead of two (``q`` and ``k`` zero-padded to the joined width, ``2 d_v``).
   Positional masks are built in query chunks of bounded size (``[B, 1, chunk, L]`` booleans), and
   forward/backward chunks only visit the keys they can see.
 * ``sigmoid``: ``sigmoid(s) = exp(logsigmoid(s))``, so a kernel with a score modifier computes it the

@@ -87,16 +87,20 @@ def test_update_progress_eta_uses_this_sessions_rate():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("resumes, line", [
+    (True, "interrupted: rerun the same command to resume"),
+    (False, "interrupted: this command does not resume (rerunning it starts again)"),
+])
 @pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
-def test_commands_end_on_ctrl_c_or_kill_with_one_line(signum, code):
+def test_commands_end_on_ctrl_c_or_kill_with_one_line(signum, code, resumes, line):
     script = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
               "from mtsa_fairseq.experiments.processes import run_command; "
-              "run_command(lambda: (print('ready', flush=True), time.sleep(60)))")
+              f"run_command(lambda: (print('ready', flush=True), time.sleep(60)), resumes={resumes})")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == code and err == "interrupted: rerun the same command to resume\n"
+    assert proc.returncode == code and err == line + "\n"
 
 
 def test_run_logged_keeps_what_the_child_wrote_before_an_interruption_stopped_it(tmp_path):

@@ -158,11 +158,12 @@ def find_executable(name: str) -> str:
     return found
 
 
-def run_command(main: Callable[[], None]) -> None:
+def run_command(main: Callable[[], None], resumes: bool = True) -> None:
     """Run a command's ``main`` so that SIGTERM and Ctrl-C stop its children (the handlers on the way out do)
     and end it with one line and the shell's exit status for the signal (143, 130) instead of a traceback;
     an environment failure (a full disk, a directory that vanished, permissions) or an output another process
-    holds (:class:`LockBusy`) is one line and status 1."""
+    holds (:class:`LockBusy`) is one line and status 1. The line says whether rerunning the command resumes it
+    (``resumes``) or starts it again (the benchmarks)."""
     terminate_on_sigterm()
     try:
         main()
@@ -171,7 +172,8 @@ def run_command(main: Callable[[], None]) -> None:
         sys.exit(1)
     except (KeyboardInterrupt, Terminated) as err:
         code = err.exit_code if isinstance(err, Terminated) else 128 + signal.SIGINT
-        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        print("interrupted: rerun the same command to resume" if resumes
+              else "interrupted: this command does not resume (rerunning it starts again)", file=sys.stderr)
         sys.exit(code)
     except OSError as err:
         where = f" ({err.filename})" if err.filename else ""

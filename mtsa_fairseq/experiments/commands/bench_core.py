@@ -199,6 +199,12 @@ def _main() -> None:
     if "mtsa-triton" in args.methods and not (cuda and triton_available()):
         parser.error("mtsa-triton needs --device cuda and the triton package (pip install mtsa-fairseq[triton])")
 
+    where = device_name(args.device) if cuda else (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    what = (f"attention cores alone on [B, H, L, {args.dim // args.heads}] tensors, no padding" if args.core
+            else f"d_model {args.dim}")
+    meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, {what}, "
+            f"{args.heads} heads, forward+backward, median of {args.repeats}")
     rows = []
     start = time.monotonic()
     for done, length in enumerate(args.lengths, 1):
@@ -209,33 +215,30 @@ def _main() -> None:
                   f"peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms",
                   flush=True)
         rows.append(row)
+        if args.markdown:  # after every length: an interrupted run keeps the rows measured
+            write_atomic(args.markdown, f"{meta}\n\n{table(rows, args.methods)}\n")
+    print(table(rows, args.methods))
 
-    header = ["L"] + [f"{m} MB" for m in args.methods] + [f"{m} ms" for m in args.methods]
-    base = "mha-flash" if "mha-flash" in args.methods else "mha"
-    ratio_cols = [m for m in args.methods if m != base] if base in args.methods else []
+
+def table(rows: list[dict], methods: list[str]) -> str:
+    """The Markdown table of ``rows``: each method's peak memory and time, and their ratios to the baseline's
+    (``mha-flash``, else ``mha``, when measured)."""
+    header = ["L"] + [f"{m} MB" for m in methods] + [f"{m} ms" for m in methods]
+    base = "mha-flash" if "mha-flash" in methods else "mha"
+    ratio_cols = [m for m in methods if m != base] if base in methods else []
     header += [f"{m}/{base} mem" for m in ratio_cols] + [f"{m}/{base} time" for m in ratio_cols]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [str(row["L"])]
-        cells += [f"{row[m]['peak_mb']:.1f}" for m in args.methods] + [f"{row[m]['ms']:.1f}" for m in args.methods]
+        cells += [f"{row[m]['peak_mb']:.1f}" for m in methods] + [f"{row[m]['ms']:.1f}" for m in methods]
         cells += [f"{row[m]['peak_mb'] / max(row[base]['peak_mb'], 1e-9):.2f}" for m in ratio_cols]
         cells += [f"{row[m]['ms'] / row[base]['ms']:.2f}" for m in ratio_cols]
         lines.append("| " + " | ".join(cells) + " |")
-    where = device_name(args.device) if cuda else (
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
-    what = (f"attention cores alone on [B, H, L, {args.dim // args.heads}] tensors, no padding" if args.core
-            else f"d_model {args.dim}")
-    meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, {what}, "
-            f"{args.heads} heads, forward+backward, median of {args.repeats}")
-    table = "\n".join(lines)
-    print(table)
-    if args.markdown:
-        write_atomic(args.markdown, f"{meta}\n\n{table}\n")
-
+    return "\n".join(lines)
 
 def main() -> None:
     """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
-    run_command(_main)
+    run_command(_main, resumes=False)
 
 
 if __name__ == "__main__":

@@ -343,7 +343,7 @@ def _main() -> None:
 
 def main() -> None:
     """Entry point: usage errors exit 2, failures 1 with one line."""
-    run_command(_main)
+    run_command(_main, resumes=False)
 
 
 if __name__ == "__main__":

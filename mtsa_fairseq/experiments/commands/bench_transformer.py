@@ -284,7 +284,7 @@ def _main() -> None:
 
 def main() -> None:
     """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
-    run_command(_main)
+    run_command(_main, resumes=False)
 
 
 if __name__ == "__main__":

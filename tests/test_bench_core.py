@@ -1,0 +1,42 @@
+"""scripts/bench_core.py on the CPU at a tiny size: the table holds every (method, L) with its ratios, is written
+after every length, and an interrupted run keeps the lengths it measured."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # every cell is a fresh process that imports torch and fairseq
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_core.py"
+TINY = ("--batch", "1", "--dim", "16", "--heads", "2", "--repeats", "1", "--methods", "mtsa", "mha")
+
+
+def test_tiny_benchmark_writes_every_method_and_length(tmp_path):
+    out = tmp_path / "core.md"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--lengths", "8", "16", *TINY, "--markdown", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("torch ") and "float32, batch 1, d_model 16, 2 heads, forward+backward, median of 1" in text
+    assert "| L | mtsa MB | mha MB | mtsa ms | mha ms | mtsa/mha mem | mtsa/mha time |" in text
+    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| 8 ") or line.startswith("| 16 ")] \
+        == ["| 8", "| 16"]
+
+
+def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):
+    out = tmp_path / "core.md"
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--lengths", "8", "16", "32", "64", *TINY,
+                             "--markdown", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert out.exists(), "no table after the first length"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert err.strip().splitlines()[-1] == "interrupted: this command does not resume (rerunning it starts again)"
+    assert "| 8 | " in out.read_text()

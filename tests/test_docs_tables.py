@@ -103,6 +103,37 @@ def test_anchor_table_is_a_one_sample_t_test_of_each_number():
     assert rows[3] == "| b | per seed | 1 | 70.00 | 79.80 | -9.80 | — | — | — |"  # one value: no test
 
 
+def test_anchor_table_of_another_metric_asks_whether_a_lower_mse_is_better():
+    """SICK's anchors are published per metric; for MSE the one-sided test is that of the mean being lower."""
+    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    mse = (0.30, 0.27, 0.26)
+    results = [{"arch": "a", "seed": s, "metrics": {"pearson": 0.85, "spearman": 0.80 + s / 100, "mse": m}}
+               for s, m in zip((1, 2, 3), mse)]
+    summary = experiment.summarize(config, results, "a")
+    rows = anchor_table(summary, value=0.2879, label="DiSAN", metric="mse")
+    assert rows[0].endswith("| p (two-sided) | p (mean < DiSAN) |")
+    less = stats.ttest_1samp(mse, 0.2879, alternative="less").pvalue
+    assert rows[2].startswith("| a | per seed | 3 | 0.2767 ± 0.0208 | 0.2879 | -0.0112 |")
+    assert rows[2].endswith(f"| {less:.3f} |") and less < 0.5
+    assert anchor_table(summary, value=0.8, label="x", metric="spearman")[2].startswith("| a | per seed | 3 | 0.8200 ")
+    assert anchor_table(summary, value=0.8, label="x", metric="pearson") == anchor_table(summary, value=0.8, label="x")
+    assert anchor_table(summary, value=0.8, label="x")[0].endswith("| p (mean > x) |")
+    cv = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    with pytest.raises(ValueError, match="a cross-validation report has one metric, accuracy"):
+        anchor_table(cv, value=79.8, label="CNN-rand", metric="mse")
+
+
+def test_docs_tables_render_an_anchor_of_another_metric(tmp_path):
+    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    results = [{"arch": "a", "seed": s, "metrics": {"pearson": 0.8 + s / 100, "mse": 0.3 - s / 100}} for s in (1, 2)]
+    (tmp_path / "report.json").write_text(json.dumps(experiment.summarize(config, results, "a")))
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- table report.json anchor metric=mse value=0.2879 label=DiSAN a=MTSA -->\nstale\n"
+                   "<!-- /table -->\n")
+    text, _ = docs_tables.render(doc)
+    assert "| p (mean < DiSAN) |" in text and "| MTSA | per seed | 2 | 0.2850 ± 0.0071 | 0.2879 | -0.0029 |" in text
+
+
 def test_anchor_table_of_a_cross_validation_uses_the_folds_chosen_numbers():
     report = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
     rows = {tuple(cell.strip() for cell in row.split("|")[1:3]): row for row in anchor_table(report, value=79.8,

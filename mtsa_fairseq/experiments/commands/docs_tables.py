@@ -9,11 +9,12 @@ of the report, e.g. spearman or mse on SICK), cv (cross-validation: chosen, best
 paired tests), runs (per run: the tested checkpoint as the run recorded it, its dev metric, the last
 validation), folds (per fold: chosen, best and last of every architecture), anchor (``value=NUMBER
 label=NAME``: one-sample t-tests of every architecture's numbers, per seed or per fold, against a published
-figure), search (a search.json: per architecture the best dev metric at every rate and the rate the rule
-chose), curves (a curves JSON: every run's validation BLEU and loss per validated update), plateau (a curves
-JSON: the budget rule per run), study (a study.json: per test set, checkpoint kind and BLEU both systems'
-mean ± sd, the difference with its 95% confidence interval and Welch's test), study-paired (the paired tests
-per seed) and study-runs (per run: updates, time, throughput, validation and test BLEU).
+figure; ``metric=NAME`` as for summary), search (a search.json: per architecture the best dev metric at every
+rate and the rate the rule chose), curves (a curves JSON: every run's validation BLEU and loss per validated
+update), plateau (a curves JSON: the budget rule per run), study (a study.json: per test set, checkpoint kind
+and BLEU both systems' mean ± sd, the difference with its 95% confidence interval and Welch's test),
+study-paired (the paired tests per seed) and study-runs (per run: updates, time, throughput, validation and test
+BLEU).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs
@@ -73,7 +74,7 @@ def render(document: Path) -> tuple[str, list[str]]:
         if archs is not None and kind != "folds":
             raise TableError(f"{where}: archs= selects the architectures of a folds table only")
         options: dict = {} if archs is None else {"archs": archs.split(",")}
-        if kind == "summary" and "metric" in names:
+        if kind in ("summary", "anchor") and "metric" in names:
             options["metric"] = names.pop("metric")
         if kind == "anchor":
             try:

@@ -567,12 +567,19 @@ ANCHOR_KINDS = {"chosen": "chosen on the other folds", "best": "best (test-selec
 
 
 def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, value: float = 0.0,
-                 label: str = "anchor") -> list[str]:
+                 label: str = "anchor", metric: str | None = None) -> list[str]:
     """One-sample t-tests of every architecture's numbers against a published figure ``value`` (``label``):
-    the per-seed metric of a fixed split, or per fold the three held-out numbers of a cross-validation."""
+    the per-seed metric of a fixed split (default: the task's; else one of ``other_metrics``), or per fold the
+    three held-out numbers of a cross-validation. The one-sided p is that of the mean being better than the
+    figure: greater, or lower for a metric in LOWER_IS_BETTER."""
     from scipy import stats
 
+    if metric not in (None, summary["metric"]):
+        if "cross_validation" in summary:
+            raise ValueError(f"metric={metric}: a cross-validation report has one metric, {summary['metric']}")
+        summary = {**summary, **summary["other_metrics"][metric], "metric": metric}
     f, name = metric_format(summary["metric"]), names or {}
+    lower = summary["metric"] in LOWER_IS_BETTER
     samples: list[tuple[str, str, list[float]]] = []
     if "cross_validation" in summary:
         for arch, runs in _runs_by_arch(summary).items():
@@ -582,7 +589,7 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
     else:
         samples = [(arch, "per seed", row["values"]) for arch, row in summary["archs"].items()]
     lines = [f"| architecture | number | n | mean ± sd | {label} | mean − {label} | t | p (two-sided) | "
-             f"p (mean > {label}) |", "|---|---|---|---|---|---|---|---|---|"]
+             f"p (mean {'<' if lower else '>'} {label}) |", "|---|---|---|---|---|---|---|---|---|"]
     for arch, title, values in samples:
         mean = float(np.mean(values))
         sd = float(np.std(values, ddof=1)) if len(values) > 1 else None
@@ -591,8 +598,8 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
             cells += " | — | — | —"  # one value, or no spread: no t-test
         else:
             test = stats.ttest_1samp(values, value)
-            greater = stats.ttest_1samp(values, value, alternative="greater").pvalue
-            cells += f" | {test.statistic:.2f} | {_p(test.pvalue)} | {_p(greater)}"
+            better = stats.ttest_1samp(values, value, alternative="less" if lower else "greater").pvalue
+            cells += f" | {test.statistic:.2f} | {_p(test.pvalue)} | {_p(better)}"
         lines.append(f"| {name.get(arch, arch)} | {title} | {len(values)} | {cells} |")
     return lines
 

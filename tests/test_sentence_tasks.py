@@ -19,7 +19,7 @@ from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.fairseq_train import options_to_args, parse_fairseq_train
 from mtsa_fairseq.experiments.processes import RunLock
-from mtsa_fairseq.experiments.runs import checkpoint_updates
+from mtsa_fairseq.experiments.runs import checkpoint_updates, write_run
 from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, load_task_config
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
@@ -329,6 +329,28 @@ def test_experiment_run_stopped_early_by_patience_is_done(trec_data, tmp_path):
     assert "training ->" not in larger and "stopped early (--patience) at update 3" in larger
     result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
     assert result["max_update"] == 800 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
+
+
+def test_a_run_stopped_after_training_before_its_evaluation_is_evaluated_not_trained_on(trec_data, tmp_path):
+    """Relaunched on a checkpoint_last.pt at max-update, fairseq would train one update more (1,501 of 1,500)."""
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=10))
+    out = tmp_path / "exp"
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+           str(trec_data), "--archs", "multi_cnn_encoder", "--seeds", "1", "--out", str(out), "--cpu"]
+    run(*cmd)
+    result_path = out / "results" / "multi_cnn_encoder_seed1.json"
+    run_dir = out / "runs" / "multi_cnn_encoder" / "seed1"
+    first = json.loads(result_path.read_text())
+    result_path.unlink()  # stopped after fairseq's last checkpoint, before the evaluation wrote its result
+    write_run(run_dir, {**read_run(run_dir, AssertionError), "status": "interrupted"})
+    again = run(*cmd).stdout
+    assert "multi_cnn_encoder_seed1: checkpoint_last.pt is at 10 updates already; evaluating it" in again
+    assert "Loaded checkpoint" not in (run_dir / "train.log").read_text()  # fairseq-train was not relaunched
+    assert checkpoint_updates(run_dir / "checkpoint_last.pt") == 10
+    assert json.loads(result_path.read_text()) == first
+    record = read_run(run_dir, AssertionError)
+    assert (record["status"], record["num_updates"]) == ("done", 10)
 
 
 @pytest.mark.parametrize("launcher", [FAIRSEQ_TRAIN, (sys.executable, "-m", "fairseq_cli.train")],

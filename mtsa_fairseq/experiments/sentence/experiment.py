@@ -265,7 +265,12 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
     done, repair = resume_point(run_dir, log)
     record = {**_run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {}),
               **repair}
-    finished = _execute(command, run_dir, record, threads, lock, UpdateProgress(run.key, budget, done, write=log))
+    if done >= budget:  # trained, then stopped before its evaluation: fairseq would train one update more
+        log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
+        write_run(run_dir, record)
+        finished = finish_run(run_dir, 0, 0.0, None, log=lambda _: None)
+    else:
+        finished = _execute(command, run_dir, record, threads, lock, UpdateProgress(run.key, budget, done, write=log))
     if finished["status"] != "done":
         raise ExperimentError(f"{run.key}: {finished['error']}")
     best = run_dir / "checkpoint_best.pt"

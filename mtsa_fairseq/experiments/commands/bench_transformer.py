@@ -11,7 +11,8 @@
    synthetic batches (``--train-max-tokens`` per batch, sentence lengths drawn once
    from a fixed distribution), alternating models step by step; target tokens per second.
 
-Writes a Markdown table (``--markdown``), the raw numbers (``--json``) and a plot (``--plot``).
+Writes a Markdown table (``--markdown``), the raw numbers (``--json``) and a plot (``--plot``), after every length
+and again with the training row, so that a stopped run keeps the lengths it measured.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from pathlib import Path
 from mtsa_fairseq.experiments.files import atomic_path, write_atomic, write_json
 from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.modules.mtsa_core import KERNELS
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
+LONGEST_SENTENCE = 100  # training sentences' lengths are drawn in [4, 100]
 
 
 def build_model(arch: str, vocab: int, device: str, dtype: str, kernel: str = "auto"):
@@ -103,13 +106,13 @@ def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dic
 
 def training_batches(args: argparse.Namespace) -> list[dict]:
     """``--train-steps + 1`` batches of about ``--train-max-tokens`` target tokens each, sentence lengths
-    drawn from a clipped normal (mean 27, sd 12, in [4, 100]: roughly WMT14 En-De in 32k pieces)."""
+    drawn from a clipped normal (mean 27, sd 12, in [4, LONGEST_SENTENCE]: roughly WMT14 En-De in 32k pieces)."""
     import torch
 
     generator = torch.Generator().manual_seed(2)
     batches = []
     for _ in range(args.train_steps + 1):
-        lengths = (torch.randn(4096, generator=generator) * 12 + 27).round().clamp(4, 100).long().tolist()
+        lengths = (torch.randn(4096, generator=generator) * 12 + 27).round().clamp(4, LONGEST_SENTENCE).long().tolist()
         n, longest = 0, 0
         while n < len(lengths) and max(longest, lengths[n]) * (n + 1) <= args.train_max_tokens:
             longest = max(longest, lengths[n])
@@ -168,10 +171,13 @@ def markdown(result: dict) -> str:
         rows.append(f"| {r['L']} | {r['ms']['transformer']:.1f} | {r['ms']['mtsa']:.1f} | {r['time_ratio']:.3f} | "
                     f"{r['mb']['transformer']:.1f} | {r['mb']['mtsa']:.1f} | {r['memory_ratio']:.3f} |")
     train = result["training"]
-    rows += ["", "| training | transformer tok/s | mtsa tok/s | throughput ratio (mtsa / transformer) |",
-             "|---|---|---|---|",
-             f"| {train['steps']} steps of ~{train['max_tokens']} target tokens | "
-             f"{train['tok_s']['transformer']:.1f} | {train['tok_s']['mtsa']:.1f} | {train['ratio']:.3f} |"]
+    if train is None:
+        rows += ["", "Training throughput: not measured yet."]
+    else:
+        rows += ["", "| training | transformer tok/s | mtsa tok/s | throughput ratio (mtsa / transformer) |",
+                 "|---|---|---|---|",
+                 f"| {train['steps']} steps of ~{train['max_tokens']} target tokens | "
+                 f"{train['tok_s']['transformer']:.1f} | {train['tok_s']['mtsa']:.1f} | {train['ratio']:.3f} |"]
     return f"{result['settings']}\n\n" + "\n".join(rows) + "\n"
 
 
@@ -213,12 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vocab", type=int, default=32_768, help="joined dictionary size (the paper's setup)")
     parser.add_argument("--train-steps", type=int, default=4, help="timed training steps per model (plus a warm-up)")
     parser.add_argument("--train-max-tokens", type=int, default=2048,
-                        help="target tokens per training batch (Setup 1: 2048 per GPU)")
+                        help=f"target tokens per training batch (Setup 1: 2048 per GPU; at least {LONGEST_SENTENCE}, "
+                             "the longest sentence drawn)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="encoder rows: parameter and activation dtype; training: the autocast dtype")
-    parser.add_argument("--kernel", default="auto", choices=["auto", "sdpa", "dense", "triton"],
-                        help="mtsa_core's kernel in the MTSA layers (auto: SDPA for their exp token2token)")
+    parser.add_argument("--kernel", default="auto", choices=KERNELS,
+                        help="mtsa_core's kernel in the MTSA layers, as fairseq-train's --mtsa-kernel (auto: SDPA "
+                             "for their exp token2token)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
@@ -235,6 +243,8 @@ def _main() -> None:
     from mtsa_fairseq.experiments.bench.measure import can_measure, check_positive, device_name, emit, progress
 
     check_positive(parser, args)
+    if args.train_max_tokens < LONGEST_SENTENCE:
+        parser.error(f"--train-max-tokens must be at least {LONGEST_SENTENCE}, the longest training sentence drawn")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -251,10 +261,23 @@ def _main() -> None:
         if out is not None and not out.parent.is_dir():
             parser.error(f"output directory {out.parent} does not exist")
 
+    def write(result: dict) -> str:
+        table = markdown(result)
+        if args.markdown:
+            write_atomic(args.markdown, table)
+        if args.json:
+            write_json(args.json, result, indent=2)
+        if args.plot:
+            plot(result, args.plot)
+        return table
+
     torch.manual_seed(0)
     models = {name: build_model(arch, args.vocab, args.device, args.dtype, args.kernel)
               for name, arch in MODELS.items()}
-    encoder = []
+    settings = (f"{device_name(args.device)}, torch {torch.__version__}, {args.dtype}; encoder batch {args.batch}, "
+                f"median of {args.repeats}; vocab {args.vocab}; mtsa_core kernel {args.kernel}")
+    encoder: list[dict] = []
+    result = {"settings": settings, "encoder": encoder, "training": None}
     start = time.monotonic()
     for done, length in enumerate(args.lengths, 1):
         ms = encoder_times_ms(models, length, args)
@@ -265,21 +288,12 @@ def _main() -> None:
         print(f"{progress(done, len(args.lengths), start)} L={length:5d}  "
               f"time {ms['transformer']:9.1f} / {ms['mtsa']:9.1f} ms (x{row['time_ratio']:.3f})"
               f"  peak {mb['transformer']:8.1f} / {mb['mtsa']:8.1f} MB (x{row['memory_ratio']:.3f})", flush=True)
+        write(result)
     tok_s = training_throughput(models, args)
     print(f"[bench] training {tok_s['transformer']:.1f} / {tok_s['mtsa']:.1f} target tokens/s", flush=True)
-    settings = (f"{device_name(args.device)}, torch {torch.__version__}, {args.dtype}; encoder batch {args.batch}, "
-                f"median of {args.repeats}; vocab {args.vocab}; mtsa_core kernel {args.kernel}")
-    result = {"settings": settings, "encoder": encoder,
-              "training": {"steps": args.train_steps, "max_tokens": args.train_max_tokens, "tok_s": tok_s,
-                           "ratio": tok_s["mtsa"] / tok_s["transformer"]}}
-    table = markdown(result)
-    print(table)
-    if args.markdown:
-        write_atomic(args.markdown, table)
-    if args.json:
-        write_json(args.json, result, indent=2)
-    if args.plot:
-        plot(result, args.plot)
+    result["training"] = {"steps": args.train_steps, "max_tokens": args.train_max_tokens, "tok_s": tok_s,
+                          "ratio": tok_s["mtsa"] / tok_s["transformer"]}
+    print(write(result))
 
 
 def main() -> None:

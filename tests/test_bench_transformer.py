@@ -1,0 +1,62 @@
+"""scripts/bench_transformer.py on the CPU at a tiny size: the table, raw numbers and plot hold every length and
+the training row, are written after every length, and an interrupted run keeps the lengths it measured."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # the full WMT models, and a fresh process per memory cell
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_transformer.py"
+TINY = ("--batch", "1", "--repeats", "1", "--vocab", "64", "--train-steps", "1", "--train-max-tokens", "100",
+        "--threads", "1")
+
+
+def test_tiny_benchmark_writes_every_length_and_the_training_row(tmp_path):
+    out = {kind: tmp_path / f"bench.{kind}" for kind in ("md", "json", "png")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--lengths", "8", "16", *TINY, "--markdown", str(out["md"]),
+                           "--json", str(out["json"]), "--plot", str(out["png"])],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out["json"].read_text())
+    assert [row["L"] for row in result["encoder"]] == [8, 16]
+    for row in result["encoder"]:
+        assert row["time_ratio"] == pytest.approx(row["ms"]["mtsa"] / row["ms"]["transformer"])
+        assert row["memory_ratio"] == pytest.approx(row["mb"]["mtsa"] / row["mb"]["transformer"])
+    training = result["training"]
+    assert training["steps"] == 1 and training["ratio"] == pytest.approx(
+        training["tok_s"]["mtsa"] / training["tok_s"]["transformer"])
+    table = out["md"].read_text()
+    assert "mtsa_core kernel auto" in table and "| 1 steps of ~100 target tokens |" in table
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith(("| 8 ", "| 16 "))]
+    assert rows == ["| 8", "| 16"]
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--lengths", "8", "16", "32", "64", *TINY,
+                             "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert out.exists(), "no raw numbers after the first length"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert err.strip().splitlines()[-1] == "interrupted: this command does not resume (rerunning it starts again)"
+    result = json.loads(out.read_text())
+    assert result["encoder"][0]["L"] == 8 and result["training"] is None
+
+
+def test_too_small_training_batches_are_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--train-max-tokens", "50", "--json", str(tmp_path / "b.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        "--train-max-tokens must be at least 100, the longest training sentence drawn")
+    assert not (tmp_path / "b.json").exists()

@@ -54,9 +54,12 @@ def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):
     assert result["encoder"][0]["L"] == 8 and result["training"] is None
 
 
-def test_too_small_training_batches_are_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--train-max-tokens", "50", "--json", str(tmp_path / "b.json")],
+@pytest.mark.parametrize("option, message", [
+    (("--train-max-tokens", "50"), "--train-max-tokens must be at least 100, the longest training sentence drawn"),
+    (("--kernel", "fast"), "--kernel must be one of auto, sdpa, sdpa-joint, dense, flex, triton, not 'fast'"),
+])
+def test_bad_options_are_a_usage_error(tmp_path, option, message):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *option, "--json", str(tmp_path / "b.json")],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
-        "--train-max-tokens must be at least 100, the longest training sentence drawn")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message)
     assert not (tmp_path / "b.json").exists()

@@ -27,7 +27,6 @@ from pathlib import Path
 from mtsa_fairseq.experiments.files import atomic_path, write_atomic, write_json
 from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.modules.mtsa_core import KERNELS
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
 LONGEST_SENTENCE = 100  # training sentences' lengths are drawn in [4, 100]
@@ -224,9 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="encoder rows: parameter and activation dtype; training: the autocast dtype")
-    parser.add_argument("--kernel", default="auto", choices=KERNELS,
-                        help="mtsa_core's kernel in the MTSA layers, as fairseq-train's --mtsa-kernel (auto: SDPA "
-                             "for their exp token2token)")
+    parser.add_argument("--kernel", default="auto",
+                        help="mtsa_core's kernel in the MTSA layers, one of fairseq-train's --mtsa-kernel choices "
+                             "(auto: SDPA for their exp token2token)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
@@ -241,8 +240,11 @@ def _main() -> None:
     import torch
 
     from mtsa_fairseq.experiments.bench.measure import can_measure, check_positive, device_name, emit, progress
+    from mtsa_fairseq.modules.mtsa_core import KERNELS
 
     check_positive(parser, args)
+    if args.kernel not in KERNELS:
+        parser.error(f"--kernel must be one of {', '.join(KERNELS)}, not {args.kernel!r}")
     if args.train_max_tokens < LONGEST_SENTENCE:
         parser.error(f"--train-max-tokens must be at least {LONGEST_SENTENCE}, the longest training sentence drawn")
     if args.threads:

@@ -448,6 +448,8 @@ def test_killed_launcher_never_leaves_two_trainers(corpus, tmp_path):
     first.wait()
     wait_for(lambda: not trainers_on(run_dir), "the orphaned trainer to stop", timeout=300)
     assert run_json(run_dir)["status"] == "running"  # stale: nobody holds the lock
+    killed_session = (run_dir / "train.log").stat().st_mtime - run_json(run_dir)["started_at"]
+    assert killed_session > 0
 
     second = start_launcher(config, corpus / "prepared", tmp_path / "runs")
     wait_for(lambda: "Loaded checkpoint" in (run_dir / "train.log").read_text(), "the rerun to resume", timeout=600)
@@ -464,3 +466,4 @@ def test_killed_launcher_never_leaves_two_trainers(corpus, tmp_path):
     assert second.wait(timeout=300) == 143  # 128 + SIGTERM, after stopping its trainer
     wait_for(lambda: not trainers_on(run_dir), "the second trainer to stop", timeout=300)
     assert run_json(run_dir)["status"] == "interrupted"
+    assert run_json(run_dir)["wall_seconds"] > killed_session  # the killed session's time counts, and the second's

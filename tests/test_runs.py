@@ -1,8 +1,11 @@
-"""Run records (run.json): when a run counts as finished."""
+"""Run records (run.json): when a run counts as finished, and the training time its sessions took."""
+
+import os
+import time
 
 import pytest
 
-from mtsa_fairseq.experiments.runs import is_done
+from mtsa_fairseq.experiments.runs import carried_seconds, is_done
 
 
 @pytest.mark.parametrize("record, max_update, done", [
@@ -15,3 +18,17 @@ from mtsa_fairseq.experiments.runs import is_done
 ])
 def test_is_done(record, max_update, done):
     assert is_done(record, max_update) is done
+
+
+def test_carried_seconds_adds_a_session_that_never_recorded_its_end(tmp_path):
+    """A launcher killed outright leaves run.json "running": its session lasted until its log's last write."""
+    log = tmp_path / "train.log"
+    log.write_text("fairseq output\n")
+    now = time.time()
+    os.utime(log, (now - 40, now - 40))
+    killed = {"status": "running", "started_at": now - 100, "wall_seconds": 500.0}
+    assert carried_seconds(killed, log) == pytest.approx(560.0, abs=0.01)
+    assert carried_seconds({**killed, "status": "interrupted"}, log) == 500.0  # its time was recorded
+    assert carried_seconds({"status": "running", "wall_seconds": 500.0}, log) == 500.0  # no start known
+    assert carried_seconds(killed, tmp_path / "missing.log") == 500.0
+    assert carried_seconds(None, log) == 0.0

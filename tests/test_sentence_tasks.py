@@ -398,13 +398,18 @@ def test_experiment_never_leaves_two_trainers_on_a_run(trec_data, tmp_path):
         f"error: run {run_dir} is in use by launcher pid {experiment.pid}, trainer pid {trainer[0]}; wait for it to "
         "finish or stop it, then rerun")
     assert trainers_on(run_dir) == trainer
-    experiment.kill()  # kill -9: the trainer stops with it
+    wait_for(lambda: "| train_inner |" in (run_dir / "train.log").read_text(), "a logged update", timeout=300)
+    started = read_run(run_dir, AssertionError)["started_at"]
+    experiment.kill()  # kill -9: the trainer stops with it, and run.json still says "running"
     experiment.wait()
     wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=300)
+    killed_session = (run_dir / "train.log").stat().st_mtime - started
+    assert read_run(run_dir, AssertionError)["status"] == "running" and killed_session > 0
 
     config.write_text(SMALL.format(updates=10))  # a rerun takes the freed run over and finishes it
     run(*cmd)
     assert json.loads((out / "results" / "mtsa_encoder_seed1.json").read_text())["max_update"] == 10
+    assert read_run(run_dir, AssertionError)["wall_seconds"] >= killed_session - 0.01  # the killed session counts
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

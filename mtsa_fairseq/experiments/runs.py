@@ -45,6 +45,21 @@ def write_run(run_dir: Path, record: dict[str, Any]) -> None:
     write_json(Path(run_dir) / "run.json", record)
 
 
+def carried_seconds(previous: dict[str, Any] | None, log_path: Path) -> float:
+    """The training time a run's earlier sessions took: run.json's ``wall_seconds``, plus, when the last session
+    never recorded its end (status still ``running``: its launcher was killed outright, by SIGKILL or a machine
+    stopping), that session's time from its ``started_at`` to the last write to its log ``log_path``."""
+    previous = previous or {}
+    seconds = float(previous.get("wall_seconds") or 0.0)
+    started = previous.get("started_at")
+    if previous.get("status") == "running" and isinstance(started, (int, float)):
+        try:
+            seconds += max(0.0, Path(log_path).stat().st_mtime - started)
+        except OSError:  # no log: nothing ran that can be timed
+            pass
+    return round(seconds, 3)
+
+
 def checkpoint_updates(path: Path) -> int | None:
     """Updates recorded in a fairseq checkpoint (None if it does not exist or cannot be read)."""
     from mtsa_fairseq.checkpoint_safety import load_checkpoint

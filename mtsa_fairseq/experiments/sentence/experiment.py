@@ -45,6 +45,7 @@ from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged
 from mtsa_fairseq.experiments.runs import (
+    carried_seconds,
     finish_run,
     is_done,
     mean_train_wps,
@@ -207,7 +208,8 @@ def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str],
         "schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
         "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
         "data": str(data), "checkpoint": str(run_dir / "checkpoint_best.pt"), "num_updates": done,
-        "resumed_from_updates": done, "wall_seconds": previous.get("wall_seconds", 0.0),
+        "resumed_from_updates": done, "wall_seconds": carried_seconds(previous, run_dir / "train.log"),
+        "started_at": time.time(),
         "train_target_tokens_per_second": None, "peak_rss_mb": previous.get("peak_rss_mb"), "max_update": budget,
         "average_last": 0, "launcher": "local", "world_size": 1,
     }

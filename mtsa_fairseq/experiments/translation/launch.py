@@ -24,6 +24,7 @@ from typing import Any
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
 from mtsa_fairseq.experiments.runs import (
+    carried_seconds,
     finish_run,
     is_done,
     previous_run,
@@ -90,7 +91,8 @@ def _submit(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Cal
             "resubmitting")
         history.append({"slurm_job": job_id, "state": state or "UNKNOWN", "status": previous["status"]})
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    record = {**run.record, "status": "submitted", "wall_seconds": (previous or {}).get("wall_seconds", 0.0),
+    record = {**run.record, "status": "submitted",
+              "wall_seconds": carried_seconds(previous, run.run_dir / run.log_name),
               "peak_rss_mb": (previous or {}).get("peak_rss_mb"), **({"slurm_history": history} if history else {})}
     write_run(run.run_dir, record)  # before submitting: the job's own "running" must not be overwritten
     try:
@@ -136,9 +138,9 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
                   log: Callable[[str], None]) -> int:
     resumed_from, repair = resume_point(run.run_dir, lambda line: log(f"seed {run.seed}: {line}"))
     previous = previous or {}
-    record = {**run.record, "status": "running", "resumed_from_updates": resumed_from,
-              "wall_seconds": previous.get("wall_seconds", 0.0), "peak_rss_mb": previous.get("peak_rss_mb"),
-              **repair}
+    record = {**run.record, "status": "running", "started_at": time.time(), "resumed_from_updates": resumed_from,
+              "wall_seconds": carried_seconds(previous, run.run_dir / run.log_name),
+              "peak_rss_mb": previous.get("peak_rss_mb"), **repair}
     write_run(run.run_dir, record)
     if resumed_from >= record["max_update"]:  # fairseq finished but run.json was not filled in
         log(f"seed {run.seed}: checkpoint_last.pt is at {resumed_from} updates already; recording the run")

@@ -1,5 +1,7 @@
 """Helpers for the tests that kill launchers and look for their trainers (Linux: reads /proc)."""
 
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,3 +56,15 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 600.0,
 def trainer_list_is(run_dir: Path, pids: list[int]) -> bool:
     """Exactly one trainer, ``pids``, works on ``run_dir``."""
     return len(pids) == 1 and trainers_on(run_dir) == pids
+
+
+def terminate_a_benchmark_once_it_wrote(command: list[str], output: Path) -> None:
+    """Start a benchmark ``command``, stop it with SIGTERM once it has written ``output`` (after its first length),
+    and check that it ended as a command that does not resume: status 143 and that one line."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: output.exists() or proc.poll() is not None, f"{output} or the end of the benchmark")
+    assert output.exists(), "no output after the first length"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert err.strip().splitlines()[-1] == "interrupted: this command does not resume (rerunning it starts again)"

@@ -1,13 +1,12 @@
 """scripts/bench_core.py on the CPU at a tiny size: the table holds every (method, L) with its ratios, is written
 after every length, and an interrupted run keeps the lengths it measured."""
 
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from process_helpers import terminate_a_benchmark_once_it_wrote
 
 pytestmark = pytest.mark.slow  # every cell is a fresh process that imports torch and fairseq
 
@@ -29,14 +28,6 @@ def test_tiny_benchmark_writes_every_method_and_length(tmp_path):
 
 def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):
     out = tmp_path / "core.md"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--lengths", "8", "16", "32", "64", *TINY,
-                             "--markdown", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert out.exists(), "no table after the first length"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143
-    assert err.strip().splitlines()[-1] == "interrupted: this command does not resume (rerunning it starts again)"
+    terminate_a_benchmark_once_it_wrote([sys.executable, str(SCRIPT), "--lengths", "8", "16", "32", "64", *TINY,
+                                         "--markdown", str(out)], out)
     assert "| 8 | " in out.read_text()

@@ -2,13 +2,12 @@
 the training row, are written after every length, and an interrupted run keeps the lengths it measured."""
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from process_helpers import terminate_a_benchmark_once_it_wrote
 
 pytestmark = pytest.mark.slow  # the full WMT models, and a fresh process per memory cell
 
@@ -40,16 +39,8 @@ def test_tiny_benchmark_writes_every_length_and_the_training_row(tmp_path):
 
 def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--lengths", "8", "16", "32", "64", *TINY,
-                             "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert out.exists(), "no raw numbers after the first length"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143
-    assert err.strip().splitlines()[-1] == "interrupted: this command does not resume (rerunning it starts again)"
+    terminate_a_benchmark_once_it_wrote([sys.executable, str(SCRIPT), "--lengths", "8", "16", "32", "64", *TINY,
+                                         "--json", str(out)], out)
     result = json.loads(out.read_text())
     assert result["encoder"][0]["L"] == 8 and result["training"] is None
 

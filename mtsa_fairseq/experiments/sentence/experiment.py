@@ -439,13 +439,19 @@ def _p(p: float) -> str:
     return "< 0.001" if p < 0.0005 else f"{p:.3f}"
 
 
+def _with_metric(summary: dict[str, Any], metric: str | None) -> dict[str, Any]:
+    """``summary`` with ``metric`` (one of its ``other_metrics``) in place of the task's; None: unchanged."""
+    if metric in (None, summary["metric"]):
+        return summary
+    return {**summary, **summary["other_metrics"][metric], "metric": metric}
+
+
 def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
                   metric: str | None = None) -> list[str]:
     """Per architecture: the metric (default: the task's; else one of ``other_metrics``) per seed, mean ± sd, and
     Welch's t-test of the reference against it (and each architecture's learning rate when a search chose them).
     The one-sided p is that of the reference being better: greater, or lower for a metric in LOWER_IS_BETTER."""
-    if metric not in (None, summary["metric"]):
-        summary = {**summary, **summary["other_metrics"][metric], "metric": metric}
+    summary = _with_metric(summary, metric)
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
     rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
@@ -581,10 +587,9 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
     figure: greater, or lower for a metric in LOWER_IS_BETTER."""
     from scipy import stats
 
-    if metric not in (None, summary["metric"]):
-        if "cross_validation" in summary:
-            raise ValueError(f"metric={metric}: a cross-validation report has one metric, {summary['metric']}")
-        summary = {**summary, **summary["other_metrics"][metric], "metric": metric}
+    if metric not in (None, summary["metric"]) and "cross_validation" in summary:
+        raise ValueError(f"metric={metric}: a cross-validation report has one metric, {summary['metric']}")
+    summary = _with_metric(summary, metric)
     f, name = metric_format(summary["metric"]), names or {}
     lower = summary["metric"] in LOWER_IS_BETTER
     samples: list[tuple[str, str, list[float]]] = []

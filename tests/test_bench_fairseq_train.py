@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtsa_fairseq.experiments.commands.bench_fairseq_train import throughput
+from mtsa_fairseq.experiments.commands.bench_fairseq_train import split_system, throughput
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_fairseq_train.py"
 
@@ -27,6 +27,15 @@ def test_throughput_is_the_median_wps_past_the_skipped_updates():
     assert throughput(log, skip_updates=10) == 300.0
     with pytest.raises(RuntimeError, match="past update 40"):
         throughput(log, skip_updates=40)
+
+
+def test_a_system_splits_into_its_architecture_and_options():
+    assert split_system("transformer_mtsa_tiny --mtsa-kernel 'sdpa-joint'") == (
+        "transformer_mtsa_tiny", ["--mtsa-kernel", "sdpa-joint"])
+    assert split_system("transformer_tiny") == ("transformer_tiny", [])
+    for bad in ("", "--mtsa-kernel sdpa"):
+        with pytest.raises(ValueError, match="starts with its architecture"):
+            split_system(bad)
 
 
 @pytest.mark.parametrize("args, message", [

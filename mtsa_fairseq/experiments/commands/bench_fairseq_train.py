@@ -71,9 +71,26 @@ def write_data_bin(out: Path, vocab: int, pairs: int, seed: int = 1) -> None:
         builder.finalize(prefix + ".idx")
 
 
+def split_system(system: str) -> tuple[str, list[str]]:
+    """``ARCH [options]`` as the architecture and its fairseq-train options; ValueError when it is not that."""
+    words = shlex.split(system)
+    if not words or words[0].startswith("-"):
+        raise ValueError("a system starts with its architecture")
+    return words[0], words[1:]
+
+
+def _system(text: str) -> str:
+    """argparse type of one ``--archs`` value: kept as written, once :func:`split_system` accepts it."""
+    try:
+        split_system(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+    return text
+
+
 def fairseq_args(args: argparse.Namespace, data: Path, system: str, max_tokens: int) -> list[str]:
     """The fairseq-train command line of one run of ``system`` (``ARCH [options]``), without the program name."""
-    arch, *options = shlex.split(system)
+    arch, options = split_system(system)
     cmd = [str(data), "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--arch", arch,
            *TRAIN_OPTIONS, "--max-tokens", str(max_tokens), "--max-update", str(args.updates),
            "--log-interval", str(args.log_interval), "--user-dir", str(Path(__file__).resolve().parents[2]), *options]
@@ -240,7 +257,7 @@ def markdown(result: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--archs", nargs="+", default=list(ARCHS), metavar="SYSTEM",
+    parser.add_argument("--archs", nargs="+", type=_system, default=list(ARCHS), metavar="SYSTEM",
                         help="the systems compared, the baseline first: each an architecture, optionally followed "
                              "by fairseq-train options, as one word ('transformer_mtsa_wmt_en_de --mtsa-kernel "
                              "sdpa-joint'); at least two (default: %(default)s)")
@@ -281,13 +298,6 @@ def _main() -> None:
     check_positive(parser, args)
     if len(args.archs) < 2:
         parser.error("--archs needs at least two systems (the first is the baseline)")
-    for system in args.archs:
-        try:
-            words = shlex.split(system)
-        except ValueError as error:
-            parser.error(f"--archs {system!r}: {error}")
-        if not words or words[0].startswith("-"):
-            parser.error(f"--archs {system!r}: a system starts with its architecture")
     if args.skip_updates >= args.updates:
         parser.error("--skip-updates must be below --updates")
     for out in (args.markdown, args.json):

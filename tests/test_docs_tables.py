@@ -10,7 +10,7 @@ from scipy import stats
 
 from mtsa_fairseq.experiments.commands import docs_tables
 from mtsa_fairseq.experiments.sentence import experiment, lr_search
-from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table
+from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table, summary_table
 from mtsa_fairseq.experiments.significance import t_test
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import (
@@ -121,6 +121,10 @@ def test_anchor_table_of_another_metric_asks_whether_a_lower_mse_is_better():
     cv = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
     with pytest.raises(ValueError, match="a cross-validation report has one metric, accuracy"):
         anchor_table(cv, value=79.8, label="CNN-rand", metric="mse")
+    with pytest.raises(ValueError, match="a cross-validation report has one metric, accuracy"):
+        summary_table(cv, metric="mse")
+    with pytest.raises(ValueError, match="metric=kendall: the report has pearson, spearman, mse"):
+        summary_table(summary, metric="kendall")
 
 
 def test_docs_tables_render_an_anchor_of_another_metric(tmp_path):

@@ -325,6 +325,12 @@ def test_experiment_run_stopped_early_by_patience_is_done(trec_data, tmp_path):
     result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
     assert result["max_update"] == 400 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
     assert "training ->" not in run(*cmd).stdout  # done: not resumed
+    result_path = tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json"
+    first = json.loads(result_path.read_text())
+    result_path.unlink()  # stopped after training, before its evaluation: evaluated, not trained past the stop
+    again = run(*cmd).stdout
+    assert "training ->" not in again and "multi_cnn_encoder_seed1: trained already (3 updates); evaluating it" in again
+    assert json.loads(result_path.read_text()) == first
     larger = run(*cmd, "--max-update", "800").stdout  # it would stop at update 3 under this budget too
     assert "training ->" not in larger and "stopped early (--patience) at update 3" in larger
     result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
@@ -484,6 +490,17 @@ def test_lr_search_chooses_a_rate_on_dev_keeps_a_nan_stop_and_resumes(trec_data,
     partial = json.loads((out / "search-interim.json").read_text())
     assert partial["runs"] == report["runs"] and partial["chosen"] == {} and partial["pending"] == ["multi_cnn_encoder"]
     assert json.loads((out / "search.json").read_text()) == report  # the search's own report is not touched
+    exp = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), *cmd[2:cmd.index("--lrs")],
+           "--seeds", "1", "2", "--lr-from", str(out / "search.json"), "--out", str(tmp_path / "exp"), "--cpu"]
+    searched, seeds = out / "lr-0.005" / "runs" / "multi_cnn_encoder" / "seed1", run(*exp).stdout
+    assert f"multi_cnn_encoder_seed1: the same command finished in {searched}; taken from there" in seeds
+    assert seeds.count("training ->") == 1 and "multi_cnn_encoder_seed2: training ->" in seeds  # seed 2: trained
+    taken = tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1"
+    assert read_run(taken, AssertionError)["trained_in"] == str(searched)
+    assert (taken / "train.log").read_text() == (searched / "train.log").read_text()
+    assert (taken / "checkpoint_best.pt").read_bytes() == (searched / "checkpoint_best.pt").read_bytes()
+    seed1 = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
+    assert seed1["split"] == "test" and seed1["dev_curve"] == done["dev_curve"] and seed1["lr"] == 0.005
     with RunLock(out / ".search.lock", "x", "search"):  # one search per output directory
         second = run(*cmd, check=False)
     assert second.returncode == 1 and second.stderr.strip().splitlines()[-1] == (
@@ -501,7 +518,8 @@ def test_experiment_trains_each_architecture_at_the_rate_a_search_chose(trec_dat
     search = tmp_path / "search.json"
     search.write_text(json.dumps({"schema": "mtsa-fairseq/sentence-lr-search/1", "experiment": "small",
                                   "dataset": "trec", "split": "valid", "seed": 1, "lrs": [2e-3, 1e-4], "rule": "r",
-                                  "chosen": {"multi_cnn_encoder": 2e-3}, "pending": ["mtsa_encoder"]}))
+                                  "chosen": {"multi_cnn_encoder": 2e-3}, "pending": ["mtsa_encoder"],
+                                  "runs": []}))
     out = tmp_path / "exp"
     cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
            str(trec_data), "--seeds", "1", "--out", str(out), "--cpu", "--threads", "1"]

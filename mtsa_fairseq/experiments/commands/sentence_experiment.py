@@ -7,9 +7,10 @@ Welch's t-test of the reference architecture (default: the first) against each o
 
 With --lr-from, each architecture trains at the learning rate that an mtsa-sentence-lr-search report chose for
 it on dev (a TREC search sets SST-5's rates too: the rate is carried over, not searched again), recorded in the
-report. Cross-validation data (CR, MPQA, SUBJ) runs every fold unless --folds is given. Rerunning the command skips
-finished runs, resumes interrupted ones and rewrites OUT/report.md, OUT/report.json and OUT/dev-curves.png (dev
-metric against updates, per architecture).
+report; a run the search itself trained (the same command: its seed, at the chosen rate, on the same data) is
+taken from the search's directory and evaluated, not trained again. Cross-validation data (CR, MPQA, SUBJ) runs
+every fold unless --folds is given. Rerunning the command skips finished runs, resumes interrupted ones and
+rewrites OUT/report.md, OUT/report.json and OUT/dev-curves.png (dev metric against updates, per architecture).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from mtsa_fairseq.experiments.sentence.experiment import (
     run_one,
     summarize,
 )
-from mtsa_fairseq.experiments.sentence.lr_search import chosen_rates
+from mtsa_fairseq.experiments.sentence.lr_search import chosen_rates, chosen_run_dirs
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, out_help: str) -> None:
@@ -133,17 +134,20 @@ def sets_lr(extra_args: str) -> bool:
     return any(token == "--lr" or token.startswith("--lr=") for token in extra_args.split())
 
 
-def _rates(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, float], dict | None]:
-    """--lr-from's rate per architecture and its search (empty and None without it)."""
+def _rates(parser: argparse.ArgumentParser,
+           args: argparse.Namespace) -> tuple[dict[str, float], dict | None, dict[str, Path]]:
+    """--lr-from's rate per architecture, its search, and the search's run directory of each architecture at
+    its rate (empty, None and empty without it)."""
     if args.lr_from is None:
-        return {}, None
+        return {}, None, {}
     if sets_lr(args.extra_args):
         parser.error("--extra-args must not set --lr with --lr-from")
     try:
         rates, source = chosen_rates(args.lr_from, args.archs)
+        searched = chosen_run_dirs(args.lr_from.resolve(), rates)
     except ExperimentError as exc:
         sys.exit(f"error: {exc}")
-    return rates, {**source, "chosen": rates}
+    return rates, {**source, "chosen": rates}, searched
 
 
 def _write_report(config: TaskConfig, results: list[dict], args: argparse.Namespace, folds: list[int] | None,
@@ -172,13 +176,13 @@ def _main() -> None:
         parser.error("--seeds must not repeat")
     config, manifest, extra = load_training(parser, args)
     folds = _folds(parser, args, manifest)
-    rates, lr_from = _rates(parser, args)
+    rates, lr_from, searched = _rates(parser, args)
     out, data = args.out.resolve(), args.data.resolve()
 
     def one(run):
         lr = ["--lr", repr(rates[run.arch])] if rates else []
         return run_one(config, run, data, out, args.max_update, [*extra, *lr], args.threads, args.cpu,
-                       split=args.split)
+                       split=args.split, trained_in=searched.get(run.arch))
 
     try:
         results = train_all(args.jobs, one, plan_runs(args.archs, args.seeds, folds))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -215,25 +216,51 @@ def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str],
     }
 
 
+def adopt_run(source: Path, run_dir: Path, command: list[str], budget: int) -> bool:
+    """Take over a run that the same fairseq-train command (but for ``--save-dir``) finished in ``source``, a
+    learning-rate search's run at the chosen rate and seed, instead of training it again: its checkpoints, log
+    and record are copied into ``run_dir`` (copies: training on in either directory leaves the other as it was),
+    run.json last. False, and nothing copied, when ``source`` holds no such run finished at ``budget``."""
+    names = ("checkpoint_best.pt", "checkpoint_last.pt", "train.log")
+    if not all((source / name).is_file() for name in names):
+        return False
+    with RunLock(source / ".lock", f"run {source}").acquire(ExperimentError):
+        record = previous_run(source)
+        if not is_done(record, budget) or _but_save_dir(record["command"]) != _but_save_dir(command):
+            return False
+        for name in names:
+            with atomic_path(run_dir / name) as tmp:
+                shutil.copyfile(source / name, tmp)
+        write_run(run_dir, {**record, "command": command, "checkpoint": str(run_dir / "checkpoint_best.pt"),
+                            "trained_in": str(source)})
+    return True
+
+
+def _but_save_dir(command: list[str]) -> list[str]:
+    at = command.index("--save-dir")
+    return command[:at] + command[at + 2:]
+
+
 def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
             threads: int | None, cpu: bool, log: Callable[[str], None] | None = None,
-            split: str | None = None) -> dict[str, Any]:
+            split: str | None = None, trained_in: Path | None = None) -> dict[str, Any]:
     """Train (or resume) one run and evaluate its best checkpoint on ``split`` (default: test, or the held-out
     fold for cross-validation data); returns (and writes) the result with the run's dev curve. A run finished
     with a smaller update budget trains on from its last checkpoint to the new one, unless fairseq's
     ``--patience`` stopped it: it would stop there under any larger budget (no sentence config's learning rate
-    depends on ``--max-update``), so its result stands for the new one. The run directory's lock is held
+    depends on ``--max-update``), so its result stands for the new one. A new run that the same command has
+    finished in ``trained_in`` is taken from there (:func:`adopt_run`). The run directory's lock is held
     throughout: a run still trained by another live process is refused, naming it."""
     log = log or _say
     run_dir = run.run_dir(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(run_dir / ".lock", f"run {run_dir}").acquire(ExperimentError) as lock:
-        return _run_locked(config, run, data, out, max_update, extra, threads, cpu, log, split, lock)
+        return _run_locked(config, run, data, out, max_update, extra, threads, cpu, log, split, lock, trained_in)
 
 
 def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
                 threads: int | None, cpu: bool, log: Callable[[str], None], split: str | None,
-                lock: RunLock) -> dict[str, Any]:
+                lock: RunLock, trained_in: Path | None) -> dict[str, Any]:
     from mtsa_fairseq.experiments.sentence.evaluation import evaluate
 
     result_path = run.result_path(out)
@@ -263,18 +290,13 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
             write_json(result_path, previous)
             return previous
         log(f"[experiment] {run.key}: continuing from max-update {previous['max_update']} to {budget}")
-    log(f"[experiment] {run.key}: training -> {run_dir}")
-    done, repair = resume_point(run_dir, log)
-    record = {**_run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {}),
-              **repair}
-    if done >= budget:  # trained, then stopped before its evaluation: fairseq would train one update more
-        log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
-        write_run(run_dir, record)
-        finished = finish_run(run_dir, 0, 0.0, None, log=lambda _: None)
+    if trained_in is not None and previous_run(run_dir) is None and adopt_run(trained_in, run_dir, command, budget):
+        log(f"[experiment] {run.key}: the same command finished in {trained_in}; taken from there, not trained again")
+    finished = previous_run(run_dir)
+    if is_done(finished, budget):  # trained (to the budget, or stopped by --patience), then not evaluated
+        log(f"[experiment] {run.key}: trained already ({finished['num_updates']:,} updates); evaluating it")
     else:
-        finished = _execute(command, run_dir, record, threads, lock, UpdateProgress(run.key, budget, done, write=log))
-    if finished["status"] != "done":
-        raise ExperimentError(f"{run.key}: {finished['error']}")
+        finished = _train(config, run, run_dir, command, data, budget, threads, lock, log)
     best = run_dir / "checkpoint_best.pt"
     if not best.is_file():
         raise ExperimentError(f"{run.key}: no {best} (did validation run? check validate-interval-updates)")
@@ -291,6 +313,24 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
     shown = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
     log(f"[experiment] {run.key}: {split} {shown}")
     return result
+
+
+def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
+           threads: int | None, lock: RunLock, log: Callable[[str], None]) -> dict[str, Any]:
+    """Train (or resume) the run to ``budget``; returns its finished record."""
+    log(f"[experiment] {run.key}: training -> {run_dir}")
+    done, repair = resume_point(run_dir, log)
+    record = {**_run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {}),
+              **repair}
+    if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one update more
+        log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
+        write_run(run_dir, record)
+        finished = finish_run(run_dir, 0, 0.0, None, log=lambda _: None)
+    else:
+        finished = _execute(command, run_dir, record, threads, lock, UpdateProgress(run.key, budget, done, write=log))
+    if finished["status"] != "done":
+        raise ExperimentError(f"{run.key}: {finished['error']}")
+    return finished
 
 
 def summarize(config: TaskConfig, results: list[dict[str, Any]], reference: str) -> dict[str, Any]:
@@ -443,6 +483,11 @@ def _with_metric(summary: dict[str, Any], metric: str | None) -> dict[str, Any]:
     """``summary`` with ``metric`` (one of its ``other_metrics``) in place of the task's; None: unchanged."""
     if metric in (None, summary["metric"]):
         return summary
+    if "cross_validation" in summary:
+        raise ValueError(f"metric={metric}: a cross-validation report has one metric, {summary['metric']}")
+    if metric not in summary.get("other_metrics", {}):
+        known = ", ".join([summary["metric"], *summary.get("other_metrics", {})])
+        raise ValueError(f"metric={metric}: the report has {known}")
     return {**summary, **summary["other_metrics"][metric], "metric": metric}
 
 
@@ -587,8 +632,6 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
     figure: greater, or lower for a metric in LOWER_IS_BETTER."""
     from scipy import stats
 
-    if metric not in (None, summary["metric"]) and "cross_validation" in summary:
-        raise ValueError(f"metric={metric}: a cross-validation report has one metric, {summary['metric']}")
     summary = _with_metric(summary, metric)
     f, name = metric_format(summary["metric"]), names or {}
     lower = summary["metric"] in LOWER_IS_BETTER

@@ -159,6 +159,16 @@ def chosen_rates(path: Path, archs: list[str]) -> tuple[dict[str, float], dict[s
     return {arch: float(chosen[arch]) for arch in archs}, source
 
 
+def chosen_run_dirs(path: Path, rates: dict[str, float]) -> dict[str, Path]:
+    """The run directory, beside the search report ``path``, of each architecture's run at its rate in ``rates``
+    (what :func:`chosen_rates` returned); architectures whose run is not there (a copy of the report elsewhere)
+    are left out."""
+    report = read_json(path, SCHEMA, "learning-rate search", ExperimentError)
+    found = {row["arch"]: path.parent / row["run_dir"] for row in report["runs"]
+             if row["arch"] in rates and row["lr"] == rates[row["arch"]] and row["status"] == "done"}
+    return {arch: run_dir for arch, run_dir in found.items() if run_dir.is_dir()}
+
+
 def search_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """One row per architecture: at every rate the best dev metric with the first update that reached it (the
     chosen rate's in bold, a stopped run marked), the last validation, and the chosen rate."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, valid_curve
+from mtsa_fairseq.experiments.translation.curves import plateau, plot_curves, system_of, valid_curve
 
 LOG = """\
 2026-11-24 23:20:01 | INFO | train_inner | epoch 001:    100 / 241 loss=9.1, nll_loss=8.8, wps=1400.2, num_updates=100
@@ -50,3 +50,8 @@ def test_plot_curves_writes_a_png(tmp_path):
     plot_curves({"transformer seed 1": _curve([1, 2, 3]), "mtsa seed 1": _curve([1, 3, 4])}, out, "probe")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+
+
+def test_each_system_gets_its_own_colour_even_with_spaces_in_its_name():
+    assert system_of("MTSA s2t bias 5 seed 3") == "MTSA s2t bias 5"
+    assert system_of("MTSA seed 3") == system_of("MTSA seed 1") == "MTSA"

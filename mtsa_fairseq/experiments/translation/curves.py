@@ -103,15 +103,20 @@ def plateau_table(report: dict[str, Any], names: dict[str, str] | None = None) -
     return lines
 
 
+def system_of(label: str) -> str:
+    """The system of a run label ``"<system> seed <n>"``, whose system name may hold spaces."""
+    return label.rsplit(" seed ", 1)[0]
+
+
 def plot_curves(runs: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
-    """Validation BLEU and loss against updates, one line per run (``runs``: label -> curve), one PNG."""
+    """Validation BLEU and loss against updates, one line per run (``runs``: label -> curve), one colour per
+    system, one PNG."""
     plt = pyplot()
 
     fig, (bleu_ax, loss_ax) = plt.subplots(1, 2, figsize=(13, 4.5))
     styles = {}
     for label, curve in runs.items():
-        system = label.split()[0]
-        color = styles.setdefault(system, f"C{len(styles)}")
+        color = styles.setdefault(system_of(label), f"C{len(styles)}")
         updates = [p["update"] for p in curve]
         bleu_ax.plot([p["update"] for p in curve if "bleu" in p], [p["bleu"] for p in curve if "bleu" in p],
                      color=color, alpha=0.8, lw=1, label=label)

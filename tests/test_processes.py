@@ -1,6 +1,7 @@
 """mtsa_fairseq.experiments.processes: the run lock, children tied to their launcher, progress lines."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -64,6 +65,14 @@ def test_run_logged_appends_to_the_log_and_passes_lines_on(tmp_path):
                                  echo=False, on_line=seen.append)
     assert code == 3 and output == "a\nb\n" and seen == ["a\n", "b\n"]
     assert log.read_text() == "$ earlier session\na\nb\n"
+
+
+def test_run_logged_children_ignore_the_signals_meant_for_their_launcher(tmp_path):
+    """Slurm's time-limit warning (USR2) reaches fairseq-train too: ignored there, the launcher decides."""
+    warned = "import os, signal; os.kill(os.getpid(), signal.SIGUSR2); print('alive')"
+    assert run_logged([sys.executable, "-c", warned], None, echo=False)[0] == -signal.SIGUSR2
+    code, _, output = run_logged([sys.executable, "-c", warned], None, echo=False, ignored=(signal.SIGUSR2,))
+    assert code == 0 and output == "alive\n"
 
 
 def test_update_progress_reports_at_most_every_interval_and_at_the_end():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -95,16 +96,20 @@ class RunLock:
         self.release()
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def child_options(lock: RunLock | None = None) -> dict[str, Any]:
-    """``subprocess.Popen`` keywords for a child that must not outlive its launcher and that holds ``lock``:
-    a process group of its own, SIGTERM when the launcher dies (Linux), the lock's descriptor inherited."""
-    options: dict[str, Any] = {"start_new_session": True}
+def _prepare_child(ignored: tuple[int, ...]) -> None:  # runs in the child between fork and exec
     if _LIBC is not None:
-        options["preexec_fn"] = _die_with_parent
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    for signum in ignored:  # an ignored signal stays ignored across exec
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def child_options(lock: RunLock | None = None, ignored: tuple[int, ...] = ()) -> dict[str, Any]:
+    """``subprocess.Popen`` keywords for a child that must not outlive its launcher and that holds ``lock``:
+    a process group of its own, SIGTERM when the launcher dies (Linux), the lock's descriptor inherited, and
+    the ``ignored`` signals ignored (signals meant for the launcher that also reach its children)."""
+    options: dict[str, Any] = {"start_new_session": True}
+    if _LIBC is not None or ignored:
+        options["preexec_fn"] = functools.partial(_prepare_child, tuple(ignored))
     if lock is not None and lock.fd is not None:
         options["pass_fds"] = (lock.fd,)
     return options
@@ -183,9 +188,11 @@ def run_command(main: Callable[[], None], resumes: bool = True) -> None:
 
 def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str] | None = None,
                lock: RunLock | None = None, echo: bool = True,
-               on_line: Callable[[str], None] | None = None) -> tuple[int, float, str]:
+               on_line: Callable[[str], None] | None = None,
+               ignored: tuple[int, ...] = ()) -> tuple[int, float, str]:
     """Run ``command`` holding ``lock``, appending its output to ``log_path`` (if given) and to stdout (if
-    ``echo``), and passing each line to ``on_line`` (e.g. an :class:`UpdateProgress`).
+    ``echo``), and passing each line to ``on_line`` (e.g. an :class:`UpdateProgress`); the child ignores the
+    ``ignored`` signals (:func:`child_options`).
 
     A Python child writes unbuffered (``PYTHONUNBUFFERED=1`` unless ``env`` says otherwise), so its stdout and
     stderr lines reach the log in the order written (the last line of a failed fairseq command is its error,
@@ -197,7 +204,7 @@ def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str]
     largest process of the child's tree (``ru_maxrss``) and the output of this session."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                            **child_options(lock))
+                            **child_options(lock, ignored))
     if lock is not None:
         lock.record_holders(launcher=os.getpid(), trainer=proc.pid)
     _LIVE.add(proc)

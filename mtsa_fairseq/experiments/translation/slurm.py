@@ -6,9 +6,10 @@ on the first node at ``--distributed-port``). Task 0 also holds the run director
 output to ``train.log``, prints ``[progress]`` lines to the job's log and keeps ``run.json``. When Slurm
 signals a timeout or a preemption ahead of time (submitit's ``USR2``), submitit calls
 :meth:`SeedJob.checkpoint` and requeues the same job: the same command then resumes from
-``checkpoint_last.pt``, as rerunning ``mtsa-train-seeds`` does. ``scontrol requeue``, a preemption without
-that warning, and ``scancel`` end fairseq with SIGTERM instead: the run is recorded ``requeued``, and the
-launcher asks Slurm (:func:`job_state`) what became of the job before it trusts that record.
+``checkpoint_last.pt``, as rerunning ``mtsa-train-seeds`` does (fairseq-train, which Slurm signals too,
+ignores ``USR2``). ``scontrol requeue``, a preemption without that warning, and ``scancel`` end fairseq with
+SIGTERM instead: the run is recorded ``requeued``, and the launcher asks Slurm (:func:`job_state`) what became
+of the job before it trusts that record.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ LIVE_STATES = frozenset({
     "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "SUSPENDED", "RESV_DEL_HOLD",
 })
 _QUERY_TIMEOUT_S = 60
+# Slurm sends the time-limit warning to every process of the job step, fairseq-train included, whose default
+# action for it is to die: fairseq-train ignores it, so that submitit's handler in the launcher decides.
+_LAUNCHER_SIGNALS = (signal.SIGUSR2,)
 
 
 class SeedJob(submitit.helpers.Checkpointable):
@@ -50,7 +54,7 @@ class SeedJob(submitit.helpers.Checkpointable):
         if (checkpoint_updates(self.run_dir / "checkpoint_last.pt") or 0) >= self.max_update:
             returncode = 0  # finished before a requeue: every task sees the same checkpoint and skips fairseq
         elif job.global_rank != 0:
-            returncode = run_logged(self.command, None, self.env)[0]
+            returncode = run_logged(self.command, None, self.env, ignored=_LAUNCHER_SIGNALS)[0]
         else:
             with RunLock(self.run_dir / ".lock", f"run {self.run_dir}").acquire(LaunchError) as lock:
                 returncode, peak_mb, output = self._train(lock, job.job_id)
@@ -71,7 +75,8 @@ class SeedJob(submitit.helpers.Checkpointable):
         record = record_start(self.run_dir, slurm_job=job_id)
         progress = UpdateProgress(self.label, self.max_update, record["resumed_from_updates"], write=to_stderr)
         try:
-            return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress)
+            return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,
+                              ignored=_LAUNCHER_SIGNALS)
         except UncompletedJobError as err:  # submitit's signal handler: out of requeues (--slurm-requeues)
             self._close_session("failed", error=f"Slurm job {job_id}: {err}")
             raise

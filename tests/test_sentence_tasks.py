@@ -213,7 +213,7 @@ def test_cross_validation_folds(tmp_path):
 # ---------------------------------------------------------------------------------------------- driver
 
 
-def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
+def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path, monkeypatch):
     config = tmp_path / "trec_small.yaml"
     config.write_text(
         "name: trec_small\ndataset: trec\nmetric: accuracy\ndescription: test\nfairseq:\n"
@@ -244,10 +244,18 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path):
         assert (record["status"], record["num_updates"], record["max_update"], record["seed"]) == ("done", 10, 10, 2)
         assert record["arch"] == arch and record["wall_seconds"] > 0 and record["peak_rss_mb"] > 0
         assert record["train_target_tokens_per_second"] > 0 and record["checkpoint"].endswith("checkpoint_best.pt")
+        assert record["cpu_kernels"] == [torch.backends.cpu.get_cpu_capability()]
     second = run(*cmd)  # finished runs are skipped
     assert "training ->" not in second.stdout
+    kernels = read_run(tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1", AssertionError)["cpu_kernels"]
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # resumed under torch's plainest kernels: said and kept
     longer = run(*cmd[:-1], "--archs", "multi_cnn_encoder", "--seeds", "1", "--max-update", "15", "--cpu")
     assert longer.stdout.count("continuing from max-update 10 to 15") == 1
+    resumed = read_run(tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1", AssertionError)["cpu_kernels"]
+    if kernels != ["DEFAULT"]:
+        assert resumed == [*kernels, "DEFAULT"] and (
+            f"trained with torch's {kernels[0]} CPU kernels so far, resumed with DEFAULT: it will not repeat an "
+            f"uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={kernels[0].lower()} selects") in longer.stdout
     result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
     assert result["max_update"] == 15
     log = (tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1" / "train.log").read_text()

@@ -202,9 +202,22 @@ def _execute(command: list[str], run_dir: Path, record: dict[str, Any], threads:
     return finish_run(run_dir, code, time.monotonic() - start, round(peak_mb, 1), log=lambda _: None, output=output)
 
 
+def cpu_kernels() -> str:
+    """The CPU kernels torch runs in this process and in the trainers it starts (``AVX512``, ``AVX2``,
+    ``DEFAULT``, ...; the environment's ``ATEN_CPU_CAPABILITY`` can choose a lower set than the CPU's best). They
+    fix a CPU run's rounding: the same command repeats a run bit for bit only under the same kernels."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
                 done: int, previous: dict[str, Any]) -> dict[str, Any]:
-    """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records)."""
+    """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records, and
+    ``cpu_kernels``: the kernels of the starts so recorded, one entry more each time they change)."""
+    kernels, now = [*previous.get("cpu_kernels", [])] if done else [], cpu_kernels()
+    if kernels[-1:] != [now]:
+        kernels.append(now)
     return {
         "schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
         "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
@@ -212,7 +225,7 @@ def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str],
         "resumed_from_updates": done, "wall_seconds": carried_seconds(previous, run_dir / "train.log"),
         "started_at": time.time(),
         "train_target_tokens_per_second": None, "peak_rss_mb": previous.get("peak_rss_mb"), "max_update": budget,
-        "average_last": 0, "launcher": "local", "world_size": 1,
+        "average_last": 0, "launcher": "local", "world_size": 1, "cpu_kernels": kernels,
     }
 
 
@@ -322,6 +335,10 @@ def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data
     done, repair = resume_point(run_dir, log)
     record = {**_run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {}),
               **repair}
+    if len(record["cpu_kernels"]) > 1:
+        earlier, now = record["cpu_kernels"][-2:]
+        log(f"[experiment] {run.key}: trained with torch's {earlier} CPU kernels so far, resumed with {now}: it will "
+            f"not repeat an uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={earlier.lower()} selects {earlier})")
     if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one update more
         log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
         write_run(run_dir, record)

@@ -263,6 +263,9 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path, 
     shorter = run(*cmd[:-1], "--archs", "multi_cnn_encoder", "--seeds", "1", "--max-update", "5", "--cpu",
                   check=False)
     assert shorter.returncode != 0 and "was trained with max-update 15, not 5" in shorter.stderr
+    again = run(*cmd[:-1], "--archs", "multi_cnn_encoder", "--seeds", "1", "--max-update", "20", "--cpu")
+    assert "CPU kernels so far" not in again.stdout  # resumed under the kernels it last trained with: nothing said
+    assert read_run(tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1", AssertionError)["cpu_kernels"] == resumed
 
 
 def test_experiment_and_evaluation_reject_bad_input(trec_data, tmp_path):

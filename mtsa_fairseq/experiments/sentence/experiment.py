@@ -211,13 +211,19 @@ def cpu_kernels() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
-                done: int, previous: dict[str, Any]) -> dict[str, Any]:
-    """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records, and
-    ``cpu_kernels``: the kernels of the starts so recorded, one entry more each time they change)."""
+def _kernels(previous: dict[str, Any], done: int) -> tuple[list[str], str | None]:
+    """``run.json``'s ``cpu_kernels`` for a start after ``done`` updates (the kernels of the starts so recorded,
+    one entry more each time they change), and the earlier kernels when this start changes them (else None)."""
     kernels, now = [*previous.get("cpu_kernels", [])] if done else [], cpu_kernels()
-    if kernels[-1:] != [now]:
-        kernels.append(now)
+    if kernels[-1:] == [now]:
+        return kernels, None
+    return [*kernels, now], kernels[-1] if kernels else None
+
+
+def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
+                done: int, previous: dict[str, Any], kernels: list[str]) -> dict[str, Any]:
+    """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records, and
+    ``cpu_kernels`` from :func:`_kernels`)."""
     return {
         "schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
         "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
@@ -333,12 +339,13 @@ def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data
     """Train (or resume) the run to ``budget``; returns its finished record."""
     log(f"[experiment] {run.key}: training -> {run_dir}")
     done, repair = resume_point(run_dir, log)
-    record = {**_run_record(config, run, run_dir, command, data, budget, done, previous_run(run_dir) or {}),
-              **repair}
-    if len(record["cpu_kernels"]) > 1:
-        earlier, now = record["cpu_kernels"][-2:]
-        log(f"[experiment] {run.key}: trained with torch's {earlier} CPU kernels so far, resumed with {now}: it will "
-            f"not repeat an uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={earlier.lower()} selects {earlier})")
+    previous = previous_run(run_dir) or {}
+    kernels, earlier = _kernels(previous, done)
+    record = {**_run_record(config, run, run_dir, command, data, budget, done, previous, kernels), **repair}
+    if earlier is not None:
+        log(f"[experiment] {run.key}: trained with torch's {earlier} CPU kernels so far, resumed with {kernels[-1]}: "
+            "it will not repeat an uninterrupted run bit for bit "
+            f"(ATEN_CPU_CAPABILITY={earlier.lower()} selects {earlier})")
     if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one update more
         log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
         write_run(run_dir, record)

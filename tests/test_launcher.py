@@ -148,6 +148,7 @@ def test_two_seeds_train_to_done(trained, corpus):
         assert record["checkpoint"] == str(run_dir / "checkpoint_last.pt")
         assert record["command"][record["command"].index("--seed") + 1] == str(seed)
         assert record["wall_seconds"] > 0 and record["peak_rss_mb"] > 50
+        assert record["cpu_kernels"] == [torch.backends.cpu.get_cpu_capability()]  # a CPU run's, per start
         log = (run_dir / "train.log").read_text()
         wps = [float(line.split("wps=")[1].split(",")[0]) for line in log.splitlines() if "| train_inner |" in line]
         assert len(wps) == 3  # updates 5, 10, 15 at --log-interval 5
@@ -195,13 +196,19 @@ def test_run_left_running_resumes_from_checkpoint_last(trained, corpus, tmp_path
     config, root, _ = trained
     run_dir = tmp_path / "tiny" / "seed1"
     shutil.copytree(root / "seed1", run_dir, symlinks=True)
-    # as if the launcher had been killed after update 10: checkpoint_last at 10, run.json "running"
+    # as if the launcher had been killed after update 10: checkpoint_last at 10, run.json "running", and the
+    # first session had run under other CPU kernels than this machine's
     shutil.copy(next(p for p in interval_checkpoints(run_dir) if updates_of(p) == 10), run_dir / "checkpoint_last.pt")
-    (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "status": "running"}))
+    now = torch.backends.cpu.get_cpu_capability()
+    other = "DEFAULT" if now != "DEFAULT" else "AVX2"
+    (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "status": "running", "cpu_kernels": [other]}))
     messages = launch(config, corpus / "prepared", tmp_path, [1])
     assert any(m.startswith("seed 1: resuming from update 10") for m in messages)
+    assert f"seed 1: trained with torch's {other} CPU kernels so far, resumed with {now}: it will not repeat an " \
+        f"uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={other.lower()} selects {other})" in messages
     after = run_json(run_dir)
     assert after["status"] == "done" and after["resumed_from_updates"] == 10 and after["num_updates"] == 15
+    assert after["cpu_kernels"] == [other, now]
     session = (run_dir / "train.log").read_text().split("fairseq_cli.train | done training")[1]
     assert "Loaded checkpoint" in session and "@ 10 updates" in session
 
@@ -356,6 +363,7 @@ def test_slurm_job_resumes_after_preemption(corpus, tmp_path):
     record = run_json(run.run_dir)
     assert record["status"] == "done" and record["num_updates"] == 200 and record["slurm_job"] == job.job_id
     assert 0 < record["resumed_from_updates"] < 200 and record["wall_seconds"] > 0 and "started_at" not in record
+    assert record["cpu_kernels"] == [torch.backends.cpu.get_cpu_capability()]  # both sessions under the same kernels
     assert "Requeued job" in job.stdout()  # submitit logs the requeue at INFO, which its config sends to stdout
     log = (run.run_dir / "train.log").read_text()
     assert f"@ {record['resumed_from_updates']} updates)" in log

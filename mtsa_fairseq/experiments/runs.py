@@ -199,6 +199,31 @@ def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_
     return record
 
 
+def cpu_kernels() -> str:
+    """The CPU kernels torch runs in this process and in the trainers it starts (``AVX512``, ``AVX2``,
+    ``DEFAULT``, ...; the environment's ``ATEN_CPU_CAPABILITY`` can choose a lower set than the CPU's best). They
+    fix a CPU run's rounding: the same command repeats a run bit for bit only under the same kernels."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def cpu_kernels_for_start(previous: dict[str, Any] | None, done: int) -> tuple[list[str], str | None]:
+    """``run.json``'s ``cpu_kernels`` for a CPU run's start after ``done`` updates (the kernels of the starts so
+    recorded, one entry more each time they change), and the earlier kernels when this start changes them (else
+    None)."""
+    kernels, now = [*(previous or {}).get("cpu_kernels", [])] if done else [], cpu_kernels()
+    if kernels[-1:] == [now]:
+        return kernels, None
+    return [*kernels, now], kernels[-1] if kernels else None
+
+
+def kernels_changed(label: str, earlier: str, now: str) -> str:
+    """The line that announces a resume under other CPU kernels than the run's earlier starts."""
+    return (f"{label}: trained with torch's {earlier} CPU kernels so far, resumed with {now}: it will not repeat an "
+            f"uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={earlier.lower()} selects {earlier})")
+
+
 def record_start(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """Mark a run as running from now, with more ``fields`` (a Slurm job calls this before fairseq-train)."""
     record = previous_run(run_dir)

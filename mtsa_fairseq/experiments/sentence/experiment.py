@@ -47,8 +47,10 @@ from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged
 from mtsa_fairseq.experiments.runs import (
     carried_seconds,
+    cpu_kernels_for_start,
     finish_run,
     is_done,
+    kernels_changed,
     mean_train_wps,
     previous_run,
     record_interrupted,
@@ -202,28 +204,10 @@ def _execute(command: list[str], run_dir: Path, record: dict[str, Any], threads:
     return finish_run(run_dir, code, time.monotonic() - start, round(peak_mb, 1), log=lambda _: None, output=output)
 
 
-def cpu_kernels() -> str:
-    """The CPU kernels torch runs in this process and in the trainers it starts (``AVX512``, ``AVX2``,
-    ``DEFAULT``, ...; the environment's ``ATEN_CPU_CAPABILITY`` can choose a lower set than the CPU's best). They
-    fix a CPU run's rounding: the same command repeats a run bit for bit only under the same kernels."""
-    import torch
-
-    return torch.backends.cpu.get_cpu_capability()
-
-
-def _kernels(previous: dict[str, Any], done: int) -> tuple[list[str], str | None]:
-    """``run.json``'s ``cpu_kernels`` for a start after ``done`` updates (the kernels of the starts so recorded,
-    one entry more each time they change), and the earlier kernels when this start changes them (else None)."""
-    kernels, now = [*previous.get("cpu_kernels", [])] if done else [], cpu_kernels()
-    if kernels[-1:] == [now]:
-        return kernels, None
-    return [*kernels, now], kernels[-1] if kernels else None
-
-
 def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
                 done: int, previous: dict[str, Any], kernels: list[str]) -> dict[str, Any]:
     """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records, and
-    ``cpu_kernels`` from :func:`_kernels`)."""
+    ``cpu_kernels`` from :func:`~mtsa_fairseq.experiments.runs.cpu_kernels_for_start`)."""
     return {
         "schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
         "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
@@ -340,12 +324,10 @@ def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data
     log(f"[experiment] {run.key}: training -> {run_dir}")
     done, repair = resume_point(run_dir, log)
     previous = previous_run(run_dir) or {}
-    kernels, earlier = _kernels(previous, done)
+    kernels, earlier = cpu_kernels_for_start(previous, done)
     record = {**_run_record(config, run, run_dir, command, data, budget, done, previous, kernels), **repair}
     if earlier is not None:
-        log(f"[experiment] {run.key}: trained with torch's {earlier} CPU kernels so far, resumed with {kernels[-1]}: "
-            "it will not repeat an uninterrupted run bit for bit "
-            f"(ATEN_CPU_CAPABILITY={earlier.lower()} selects {earlier})")
+        log(f"[experiment] {kernels_changed(run.key, earlier, kernels[-1])}")
     if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one update more
         log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
         write_run(run_dir, record)

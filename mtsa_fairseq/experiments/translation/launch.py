@@ -25,8 +25,10 @@ from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
 from mtsa_fairseq.experiments.runs import (
     carried_seconds,
+    cpu_kernels_for_start,
     finish_run,
     is_done,
+    kernels_changed,
     previous_run,
     record_interrupted,
     resume_point,
@@ -138,9 +140,14 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
                   log: Callable[[str], None]) -> int:
     resumed_from, repair = resume_point(run.run_dir, lambda line: log(f"seed {run.seed}: {line}"))
     previous = previous or {}
+    kernels: dict[str, Any] = {}
+    if plan_.cpu:
+        kernels["cpu_kernels"], earlier = cpu_kernels_for_start(previous, resumed_from)
+        if earlier is not None:
+            log(kernels_changed(f"seed {run.seed}", earlier, kernels["cpu_kernels"][-1]))
     record = {**run.record, "status": "running", "started_at": time.time(), "resumed_from_updates": resumed_from,
               "wall_seconds": carried_seconds(previous, run.run_dir / run.log_name),
-              "peak_rss_mb": previous.get("peak_rss_mb"), **repair}
+              "peak_rss_mb": previous.get("peak_rss_mb"), **kernels, **repair}
     write_run(run.run_dir, record)
     if resumed_from >= record["max_update"]:  # fairseq finished but run.json was not filled in
         log(f"seed {run.seed}: checkpoint_last.pt is at {resumed_from} updates already; recording the run")

@@ -26,7 +26,15 @@ from submitit.core.utils import DelayedSubmission, UncompletedJobError
 
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
-from mtsa_fairseq.experiments.runs import checkpoint_updates, previous_run, record_finish, record_start, write_run
+from mtsa_fairseq.experiments.runs import (
+    checkpoint_updates,
+    cpu_kernels_for_start,
+    kernels_changed,
+    previous_run,
+    record_finish,
+    record_start,
+    write_run,
+)
 from mtsa_fairseq.experiments.translation.plan import SLURM_SIGNAL_DELAY_S, Plan, SeedRun
 
 # Slurm job states (squeue(1), "JOB STATE CODES") in which the job may still run: a launcher must not submit
@@ -44,9 +52,10 @@ _LAUNCHER_SIGNALS = (signal.SIGUSR2,)
 class SeedJob(submitit.helpers.Checkpointable):
     """The job of one seed (picklable: submitit runs it on the allocated nodes)."""
 
-    def __init__(self, run_dir: Path, command: list[str], env: dict[str, str], max_update: int, label: str):
+    def __init__(self, run_dir: Path, command: list[str], env: dict[str, str], max_update: int, label: str,
+                 cpu: bool = False):
         self.run_dir, self.command, self.env, self.max_update = Path(run_dir), command, env, max_update
-        self.label = label
+        self.label, self.cpu = label, cpu
 
     def __call__(self) -> int:
         """Train (task 0 under the run's lock, recording run.json); returns fairseq's exit status (0)."""
@@ -72,7 +81,13 @@ class SeedJob(submitit.helpers.Checkpointable):
         return returncode
 
     def _train(self, lock: RunLock, job_id: str) -> tuple[int, float, str]:
-        record = record_start(self.run_dir, slurm_job=job_id)
+        kernels: dict[str, Any] = {}
+        if self.cpu:  # a CPU run records its kernels per start, as the local launcher's do
+            done = checkpoint_updates(self.run_dir / "checkpoint_last.pt") or 0
+            kernels["cpu_kernels"], earlier = cpu_kernels_for_start(previous_run(self.run_dir), done)
+            if earlier is not None:
+                to_stderr(kernels_changed(self.label, earlier, kernels["cpu_kernels"][-1]))
+        record = record_start(self.run_dir, slurm_job=job_id, **kernels)
         progress = UpdateProgress(self.label, self.max_update, record["resumed_from_updates"], write=to_stderr)
         try:
             return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,
@@ -133,7 +148,8 @@ def submit(plan_: Plan, run: SeedRun, cluster: str = "slurm") -> submitit.Job:
     executor = submitit.AutoExecutor(folder=run.run_dir / "slurm", cluster=cluster,
                                      slurm_max_num_timeout=requeues, local_max_num_timeout=requeues)
     executor.update_parameters(**job_parameters(plan_, run))
-    return executor.submit(SeedJob(run.run_dir, run.command, plan_.env, run.record["max_update"], run.label))
+    return executor.submit(SeedJob(run.run_dir, run.command, plan_.env, run.record["max_update"], run.label,
+                                   plan_.cpu))
 
 
 def _query(command: list[str]) -> subprocess.CompletedProcess:

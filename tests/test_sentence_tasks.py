@@ -409,6 +409,8 @@ def test_experiment_never_leaves_two_trainers_on_a_run(trec_data, tmp_path):
            str(trec_data), "--archs", "mtsa_encoder", "--seeds", "1", "--out", str(out), "--cpu", "--threads", "1"]
     experiment = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     trainer = wait_for(lambda: trainers_on(run_dir), "the trainer")
+    # the launcher names its trainer in the lock just after starting it
+    wait_for(lambda: "trainer pid" in (run_dir / ".lock").read_text(), "the lock to name the trainer")
     assert f"launcher pid {experiment.pid}, trainer pid {trainer[0]}" in (run_dir / ".lock").read_text()
     busy = run(*cmd, check=False)  # a second experiment on the same run is refused, naming the holders
     assert busy.returncode == 1 and busy.stderr.strip().splitlines()[-1] == (

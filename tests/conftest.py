@@ -1,10 +1,12 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from process_helpers import children_of
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
@@ -35,6 +37,40 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item (``_no_processes_left_by_a_failure`` reads the call's)."""
+    report = yield
+    setattr(item, f"_report_{report.when}", report)
+    return report
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        children = children_of(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_left_by_a_failure(request):
+    """A test that fails while a process it started still runs (a launcher asked for 100,000 updates, its
+    trainer) would leave it training beside the rest of the suite: after a failed test, every process it left
+    behind is killed."""
+    linux = sys.platform.startswith("linux")
+    before = set(_descendants(os.getpid())) if linux else set()
+    yield
+    report = getattr(request.node, "_report_call", None)
+    if linux and report is not None and report.failed:
+        for pid in (p for p in _descendants(os.getpid()) if p not in before):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ import mtsa_fairseq.plugin  # noqa: F401  (fairseq's checkpoint loader below nee
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
-from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, write_run
+from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, record_start, write_run
 from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.launch import execute
 from mtsa_fairseq.experiments.translation.plan import LaunchOptions, plan
@@ -211,6 +211,28 @@ def test_run_left_running_resumes_from_checkpoint_last(trained, corpus, tmp_path
     assert after["cpu_kernels"] == [other, now]
     session = (run_dir / "train.log").read_text().split("fairseq_cli.train | done training")[1]
     assert "Loaded checkpoint" in session and "@ 10 updates" in session
+
+
+def test_slurm_start_records_cpu_kernels_once_per_change(trained, tmp_path):
+    # what a Slurm job records before fairseq-train: the start's kernels beside those of the earlier starts
+    _, root, _ = trained
+    run_dir = tmp_path / "seed1"
+    shutil.copytree(root / "seed1", run_dir, symlinks=True)
+    shutil.copy(next(p for p in interval_checkpoints(run_dir) if updates_of(p) == 10), run_dir / "checkpoint_last.pt")
+    now = torch.backends.cpu.get_cpu_capability()
+    other = "DEFAULT" if now != "DEFAULT" else "AVX2"
+    (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "cpu_kernels": [other]}))
+    messages: list[str] = []
+    record = record_start(run_dir, "tiny.seed1", messages.append, slurm_job="7")
+    assert messages == [f"tiny.seed1: trained with torch's {other} CPU kernels so far, resumed with {now}: it will "
+                        f"not repeat an uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={other.lower()} selects "
+                        f"{other})"]
+    assert run_json(run_dir) == record
+    assert (record["status"], record["slurm_job"], record["resumed_from_updates"]) == ("running", "7", 10)
+    assert record["cpu_kernels"] == [other, now]
+    assert record_start(run_dir, "tiny.seed1", messages.append)["cpu_kernels"] == [other, now]  # same kernels
+    assert len(messages) == 1
+    assert record_start(run_dir)["cpu_kernels"] == [other, now]  # a GPU job leaves them as they were
 
 
 def test_truncated_checkpoint_last_resumes_from_the_newest_readable_checkpoint(trained, corpus, tmp_path):

@@ -224,13 +224,20 @@ def kernels_changed(label: str, earlier: str, now: str) -> str:
             f"uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={earlier.lower()} selects {earlier})")
 
 
-def record_start(run_dir: Path, **fields: Any) -> dict[str, Any]:
-    """Mark a run as running from now, with more ``fields`` (a Slurm job calls this before fairseq-train)."""
+def record_start(run_dir: Path, cpu_label: str | None = None, log: Callable[[str], None] = print,
+                 **fields: Any) -> dict[str, Any]:
+    """Mark a run as running from now, with more ``fields`` (a Slurm job calls this before fairseq-train). A CPU
+    run (``cpu_label``: its name in messages) records its kernels per start, as the local launchers do, and
+    ``log``s a resume under other kernels."""
     record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
-    record.update(status="running", started_at=time.time(), **fields,
-                  resumed_from_updates=checkpoint_updates(Path(run_dir) / "checkpoint_last.pt") or 0)
+    done = checkpoint_updates(Path(run_dir) / "checkpoint_last.pt") or 0
+    if cpu_label is not None:
+        record["cpu_kernels"], earlier = cpu_kernels_for_start(record, done)
+        if earlier is not None:
+            log(kernels_changed(cpu_label, earlier, record["cpu_kernels"][-1]))
+    record.update(status="running", started_at=time.time(), **fields, resumed_from_updates=done)
     write_run(run_dir, record)
     return record
 

@@ -28,8 +28,6 @@ from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
 from mtsa_fairseq.experiments.runs import (
     checkpoint_updates,
-    cpu_kernels_for_start,
-    kernels_changed,
     previous_run,
     record_finish,
     record_start,
@@ -81,13 +79,7 @@ class SeedJob(submitit.helpers.Checkpointable):
         return returncode
 
     def _train(self, lock: RunLock, job_id: str) -> tuple[int, float, str]:
-        kernels: dict[str, Any] = {}
-        if self.cpu:  # a CPU run records its kernels per start, as the local launcher's do
-            done = checkpoint_updates(self.run_dir / "checkpoint_last.pt") or 0
-            kernels["cpu_kernels"], earlier = cpu_kernels_for_start(previous_run(self.run_dir), done)
-            if earlier is not None:
-                to_stderr(kernels_changed(self.label, earlier, kernels["cpu_kernels"][-1]))
-        record = record_start(self.run_dir, slurm_job=job_id, **kernels)
+        record = record_start(self.run_dir, self.label if self.cpu else None, to_stderr, slurm_job=job_id)
         progress = UpdateProgress(self.label, self.max_update, record["resumed_from_updates"], write=to_stderr)
         try:
             return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,

@@ -208,20 +208,17 @@ def cpu_kernels() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def cpu_kernels_for_start(previous: dict[str, Any] | None, done: int) -> tuple[list[str], str | None]:
-    """``run.json``'s ``cpu_kernels`` for a CPU run's start after ``done`` updates (the kernels of the starts so
-    recorded, one entry more each time they change), and the earlier kernels when this start changes them (else
-    None)."""
+def cpu_kernels_for_start(previous: dict[str, Any] | None, done: int, label: str,
+                          log: Callable[[str], None] = print) -> list[str]:
+    """``run.json``'s ``cpu_kernels`` for a CPU run's start after ``done`` updates: the kernels of the starts so
+    recorded, one entry more each time they change. A change ``log``s one line naming the run (``label``)."""
     kernels, now = [*(previous or {}).get("cpu_kernels", [])] if done else [], cpu_kernels()
     if kernels[-1:] == [now]:
-        return kernels, None
-    return [*kernels, now], kernels[-1] if kernels else None
-
-
-def kernels_changed(label: str, earlier: str, now: str) -> str:
-    """The line that announces a resume under other CPU kernels than the run's earlier starts."""
-    return (f"{label}: trained with torch's {earlier} CPU kernels so far, resumed with {now}: it will not repeat an "
-            f"uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={earlier.lower()} selects {earlier})")
+        return kernels
+    if kernels:
+        log(f"{label}: trained with torch's {kernels[-1]} CPU kernels so far, resumed with {now}: it will not repeat "
+            f"an uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={kernels[-1].lower()} selects {kernels[-1]})")
+    return [*kernels, now]
 
 
 def record_start(run_dir: Path, cpu_label: str | None = None, log: Callable[[str], None] = print,
@@ -234,9 +231,7 @@ def record_start(run_dir: Path, cpu_label: str | None = None, log: Callable[[str
         raise LaunchError(f"{run_dir} has no run.json")
     done = checkpoint_updates(Path(run_dir) / "checkpoint_last.pt") or 0
     if cpu_label is not None:
-        record["cpu_kernels"], earlier = cpu_kernels_for_start(record, done)
-        if earlier is not None:
-            log(kernels_changed(cpu_label, earlier, record["cpu_kernels"][-1]))
+        record["cpu_kernels"] = cpu_kernels_for_start(record, done, cpu_label, log)
     record.update(status="running", started_at=time.time(), **fields, resumed_from_updates=done)
     write_run(run_dir, record)
     return record

@@ -50,7 +50,6 @@ from mtsa_fairseq.experiments.runs import (
     cpu_kernels_for_start,
     finish_run,
     is_done,
-    kernels_changed,
     mean_train_wps,
     previous_run,
     record_interrupted,
@@ -324,10 +323,8 @@ def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data
     log(f"[experiment] {run.key}: training -> {run_dir}")
     done, repair = resume_point(run_dir, log)
     previous = previous_run(run_dir) or {}
-    kernels, earlier = cpu_kernels_for_start(previous, done)
+    kernels = cpu_kernels_for_start(previous, done, run.key, lambda line: log(f"[experiment] {line}"))
     record = {**_run_record(config, run, run_dir, command, data, budget, done, previous, kernels), **repair}
-    if earlier is not None:
-        log(f"[experiment] {kernels_changed(run.key, earlier, kernels[-1])}")
     if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one update more
         log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
         write_run(run_dir, record)

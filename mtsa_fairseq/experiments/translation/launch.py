@@ -28,7 +28,6 @@ from mtsa_fairseq.experiments.runs import (
     cpu_kernels_for_start,
     finish_run,
     is_done,
-    kernels_changed,
     previous_run,
     record_interrupted,
     resume_point,
@@ -142,9 +141,7 @@ def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lo
     previous = previous or {}
     kernels: dict[str, Any] = {}
     if plan_.cpu:
-        kernels["cpu_kernels"], earlier = cpu_kernels_for_start(previous, resumed_from)
-        if earlier is not None:
-            log(kernels_changed(f"seed {run.seed}", earlier, kernels["cpu_kernels"][-1]))
+        kernels["cpu_kernels"] = cpu_kernels_for_start(previous, resumed_from, f"seed {run.seed}", log)
     record = {**run.record, "status": "running", "started_at": time.time(), "resumed_from_updates": resumed_from,
               "wall_seconds": carried_seconds(previous, run.run_dir / run.log_name),
               "peak_rss_mb": previous.get("peak_rss_mb"), **kernels, **repair}

@@ -312,3 +312,28 @@ def test_each_seed_is_trained_then_scored_before_the_next_and_a_scored_run_needs
     with pytest.raises(SystemExit, match="the pipeline failed"):  # rerun: every score exists, no checkpoint needed
         study._main()
     assert calls == [("pipeline", [1], True), ("pipeline", [2], True), ("pipeline", [1, 2], False)] and not averaged
+
+
+def test_the_tiny_recipe_trains_its_own_configs_and_takes_the_budget_of_its_own_probe(tmp_path, monkeypatch):
+    _probe(tmp_path / "probe", {"baseline": [20, 30, 30.1, 30.2, 30.2, 30.2, 30.2, 30.2],
+                                "system": [20, 25, 28, 30, 31, 31, 31, 31]})
+    for config in ("multi30k_transformer", "multi30k_mtsa"):  # the probe of the tiny recipe
+        (tmp_path / "probe" / "runs" / config).rename(tmp_path / "probe" / "runs" / config.replace("_", "_tiny_", 1))
+    with pytest.raises(SystemExit, match="holds no probe runs"):
+        study.probe_budget(tmp_path / "probe")  # the base recipe's runs are not there
+    assert study.probe_budget(tmp_path / "probe", study.TINY)["max_update"] == 700
+    raw = _release(tmp_path)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--multi30k", str(raw), "--recipe", "tiny", "--ablation"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("--ablation is of the base recipe: drop --recipe")
+    launched = []
+    monkeypatch.setattr(study.subprocess, "run", lambda cmd, **_: launched.append(cmd) or subprocess.CompletedProcess(
+        cmd, 1))
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--multi30k", str(raw), "--out", str(tmp_path / "out"), "--recipe",
+                                      "tiny", "--budget-from", str(tmp_path / "probe")])
+    with pytest.raises(SystemExit, match="the pipeline failed"):
+        study._main()
+    cmd = launched[0]
+    assert Path(cmd[cmd.index("--baseline-config") + 1]).name == "multi30k_tiny_transformer.yaml"
+    assert Path(cmd[cmd.index("--system-config") + 1]).name == "multi30k_tiny_mtsa.yaml"
+    assert cmd[cmd.index("--train-args") + 1] == "--extra-args '--max-update 700'"

@@ -11,11 +11,11 @@ time, throughput, peak memory, parameters, BLEU), OUT/curves.png (validation BLE
 OUT/study.json (per run its validation curve and test BLEU, per test set and checkpoint the means, standard
 deviations, Welch p-values and paired tests), from which mtsa-docs-tables renders the docs' tables.
 
-  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 4 5 6
+  python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-study --seeds 1 2 3 4 5 6
 
 The learning-curve probe that fixes the budget on validation data, before any test set is scored:
 
-  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-probe --seeds 1 \\
+  python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-probe --seeds 1 \\
       --max-update 20000 --train-only
 
 writes OUT/curves.json and OUT/curves.png with the plateau rule's verdict per run (the best validation BLEU
@@ -27,18 +27,25 @@ curves so far, from the runs' logs, without training anything:
 writes OUT/curves-interim.json and OUT/curves-interim.png and prints each run's verdict. Once every probe run is
 on a plateau at one validation, the study takes that update as its budget straight from the probe's logs:
 
-  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 4 5 6 \\
+  python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-study --seeds 1 2 3 4 5 6 \\
       --budget-from multi30k-probe
 
 (refused while the probe fixes none; OUT/study.json records the budget and the probe's verdicts there). The
 probe's curves report fixes the same budget without its logs: ``--budget-from docs/results-multi30k-probe.json``
 reruns the project's study at the budget of its probe.
 
+``--recipe tiny`` trains both systems on the Transformer-Tiny recipe of Wu et al. (2021) instead
+(configs/multi30k_tiny_{transformer,mtsa}.yaml: 4+4 layers x 128, FFN 256, 8,192 tokens per update), for probe,
+study and curves alike; its probe, one point of the grid the study's recipe is chosen from on validation BLEU:
+
+  python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-grid-tiny --recipe tiny --seeds 1 \\
+      --max-update 8000 --train-only
+
 The ablation, after the study and in its OUT: MTSA with the MTSA paper's Setup 1 source2token bias
 (configs/multi30k_mtsa_s2t_bias5.yaml, ``--mtsa-s2t-bias-init 5``) against the study's MTSA runs of the same
 seeds, which it reuses, at the same budget, in the same form (every report and table above, in OUT/ablation/):
 
-  python scripts/multi30k_study.py --multi30k ../shared/data/multi30k --out multi30k-study --seeds 1 2 3 \\
+  python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-study --seeds 1 2 3 \\
       --budget-from multi30k-probe --ablation
 
 Rerunning the same command skips finished runs (keyed by config and seed) and existing scores, continues an
@@ -83,6 +90,10 @@ class Comparison:
 STUDY = Comparison({"baseline": PACKAGE_CONFIGS / "multi30k_transformer.yaml",
                     "system": PACKAGE_CONFIGS / "multi30k_mtsa.yaml"},
                    {"baseline": "Transformer", "system": "MTSA"}, "")
+TINY = Comparison({"baseline": PACKAGE_CONFIGS / "multi30k_tiny_transformer.yaml",
+                   "system": PACKAGE_CONFIGS / "multi30k_tiny_mtsa.yaml"},
+                  {"baseline": "Transformer", "system": "MTSA"}, "")
+RECIPES = {"base": STUDY, "tiny": TINY}  # --recipe: the study's grid of model recipes
 ABLATION = Comparison({"baseline": PACKAGE_CONFIGS / "multi30k_mtsa.yaml",
                        "system": PACKAGE_CONFIGS / "multi30k_mtsa_s2t_bias5.yaml"},
                       {"baseline": "MTSA", "system": "MTSA s2t bias 5"}, "ablation")
@@ -202,7 +213,7 @@ def print_verdicts(runs: dict[str, dict]) -> None:
               f"{verdict['gain']} BLEU: {'plateau' if verdict['plateaued'] else 'not yet on a plateau'}")
 
 
-def probe_budget(probe: Path) -> dict:
+def probe_budget(probe: Path, comparison: Comparison = STUDY) -> dict:
     """The budget the probe ``probe`` fixes (:func:`budget` over all its runs) with each probe run's verdict at
     it; ``probe`` is the probe's output directory (its runs' logs) or its curves report (OUT/curves.json or
     OUT/curves-interim.json, e.g. docs/results-multi30k-probe.json). Exits with one line while it fixes none."""
@@ -212,11 +223,11 @@ def probe_budget(probe: Path) -> dict:
         except ValueError as err:
             sys.exit(f"error: {err}")
     else:
-        seeds = sorted({int(d.name.removeprefix("seed")) for config in STUDY.configs.values()
+        seeds = sorted({int(d.name.removeprefix("seed")) for config in comparison.configs.values()
                         for d in (probe / "runs" / config.stem).glob("seed*") if (d / "train.log").is_file()})
         if not seeds:
             sys.exit(f"error: {probe} holds no probe runs (runs/<config>/seed<k>/train.log) and is no curves report")
-        runs = run_curves(probe, seeds)
+        runs = run_curves(probe, seeds, comparison)
     update = budget([run["curve"] for run in runs.values()])
     if update is None:
         last = ", ".join(f"{label} at update {plateau(run['curve'])['last_update']}" for label, run in runs.items())
@@ -328,8 +339,15 @@ def _main() -> None:
                              "paper's Setup 1 source2token bias, --mtsa-s2t-bias-init 5) against "
                              "configs/multi30k_mtsa.yaml, reusing the study's MTSA runs in OUT; its reports go to "
                              "OUT/ablation/")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="base",
+                        help="the model recipe of both systems: base, configs/multi30k_{transformer,mtsa}.yaml "
+                             "(3+3 layers x 256, the default); tiny, configs/multi30k_tiny_{transformer,mtsa}.yaml "
+                             "(Transformer-Tiny of Wu et al. 2021: 4+4 layers x 128, FFN 256, 8,192 tokens per "
+                             "update)")
     args = parser.parse_args()
-    comparison = ABLATION if args.ablation else STUDY
+    if args.ablation and args.recipe != "base":
+        parser.error("--ablation is of the base recipe: drop --recipe")
+    comparison = ABLATION if args.ablation else RECIPES[args.recipe]
     if args.max_update is not None and args.max_update < 1:
         parser.error("--max-update must be positive")
     if args.budget_from is not None and (args.max_update is not None or args.train_only or args.curves_only):
@@ -346,7 +364,7 @@ def _main() -> None:
     files = raw_files(args.multi30k)
     budget_record = None
     if args.budget_from is not None:
-        budget_record = probe_budget(args.budget_from.resolve())
+        budget_record = probe_budget(args.budget_from.resolve(), RECIPES[args.recipe])
         args.max_update = budget_record["max_update"]
         print(f"budget: {args.max_update} updates, the first validation at which every run of the probe in "
               f"{args.budget_from} is on a plateau")

@@ -118,7 +118,7 @@ def test_anchor_table_of_another_metric_asks_whether_a_lower_mse_is_better():
     assert anchor_table(summary, value=0.8, label="x", metric="spearman")[2].startswith("| a | per seed | 3 | 0.8200 ")
     assert anchor_table(summary, value=0.8, label="x", metric="pearson") == anchor_table(summary, value=0.8, label="x")
     assert anchor_table(summary, value=0.8, label="x")[0].endswith("| p (mean > x) |")
-    cv = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    cv = json.loads((ROOT / "results" / "sentence" / "cr" / "report.json").read_text())
     with pytest.raises(ValueError, match="a cross-validation report has one metric, accuracy"):
         anchor_table(cv, value=79.8, label="CNN-rand", metric="mse")
     with pytest.raises(ValueError, match="a cross-validation report has one metric, accuracy"):
@@ -139,7 +139,7 @@ def test_docs_tables_render_an_anchor_of_another_metric(tmp_path):
 
 
 def test_anchor_table_of_a_cross_validation_uses_the_folds_chosen_numbers():
-    report = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    report = json.loads((ROOT / "results" / "sentence" / "cr" / "report.json").read_text())
     rows = {tuple(cell.strip() for cell in row.split("|")[1:3]): row for row in anchor_table(report, value=79.8,
                                                                                               label="CNN-rand")}
     chosen = report["cross_validation"]["archs"]["mtsa_encoder"]["chosen"]
@@ -149,7 +149,7 @@ def test_anchor_table_of_a_cross_validation_uses_the_folds_chosen_numbers():
 
 def test_the_number_chosen_on_the_other_folds_leads_every_cross_validation_table():
     """The honest held-out number comes first; the fold-selected one is labelled test-selected."""
-    report = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    report = json.loads((ROOT / "results" / "sentence" / "cr" / "report.json").read_text())
     cv = report["cross_validation"]["archs"]["mtsa_encoder"]
     head, _, mtsa = experiment.cross_validation_table(report)[:3]
     assert head.split(" | ")[2:5] == ["chosen", "best (test-selected)", "last"]
@@ -254,7 +254,7 @@ def test_summary_table_shows_the_searched_rates():
 
 
 def test_cross_validation_table_shows_the_searched_rates():
-    report = json.loads((ROOT / "docs" / "results-sentence-cr.json").read_text())
+    report = json.loads((ROOT / "results" / "sentence" / "cr" / "report.json").read_text())
     plain = experiment.cross_validation_table(report)
     report["lr_from"] = {"chosen": {"mtsa_encoder": 3e-4, "multi_head_encoder": 5e-4, "fast_disa_encoder": 5e-4}}
     table = experiment.cross_validation_table(report)

@@ -254,7 +254,7 @@ def test_the_probes_curves_report_fixes_the_budget_its_logs_fix(tmp_path):
     from_report = study.probe_budget(tmp_path / "probe" / "curves.json")
     assert from_report["max_update"] == from_logs["max_update"] == 700
     assert from_report["verdicts"] == from_logs["verdicts"]
-    committed = study.probe_budget(ROOT / "docs" / "results-multi30k-probe.json")  # the budget docs/ states
+    committed = study.probe_budget(ROOT / "results" / "multi30k" / "probe" / "curves.json")  # the budget docs/ states
     assert committed["max_update"] == 6864 and all(v["plateaued"] for v in committed["verdicts"].values())
 
 

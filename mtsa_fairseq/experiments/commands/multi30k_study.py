@@ -31,7 +31,7 @@ on a plateau at one validation, the study takes that update as its budget straig
       --budget-from multi30k-probe
 
 (refused while the probe fixes none; OUT/study.json records the budget and the probe's verdicts there). The
-probe's curves report fixes the same budget without its logs: ``--budget-from docs/results-multi30k-probe.json``
+probe's curves report fixes the same budget without its logs: ``--budget-from results/multi30k/probe/curves.json``
 reruns the project's study at the budget of its probe.
 
 ``--recipe tiny`` trains both systems on the Transformer-Tiny recipe of Wu et al. (2021) instead
@@ -216,7 +216,7 @@ def print_verdicts(runs: dict[str, dict]) -> None:
 def probe_budget(probe: Path, comparison: Comparison = STUDY) -> dict:
     """The budget the probe ``probe`` fixes (:func:`budget` over all its runs) with each probe run's verdict at
     it; ``probe`` is the probe's output directory (its runs' logs) or its curves report (OUT/curves.json or
-    OUT/curves-interim.json, e.g. docs/results-multi30k-probe.json). Exits with one line while it fixes none."""
+    OUT/curves-interim.json, e.g. results/multi30k/probe/curves.json). Exits with one line while it fixes none."""
     if probe.is_file():
         try:
             runs = read_json(probe, STUDY_SCHEMA, "probe curves report", ValueError)["runs"]
@@ -331,7 +331,7 @@ def _main() -> None:
                              "as they stand and print each run's plateau verdict (safe while the runs train)")
     parser.add_argument("--budget-from", type=Path, metavar="PROBE",
                         help="the probe's output directory, or its curves report (OUT/curves.json; the project's "
-                             "probe: docs/results-multi30k-probe.json): train every run to the budget its "
+                             "probe: results/multi30k/probe/curves.json): train every run to the budget its "
                              "validation curves fix (the first validation at which all its runs are on a "
                              "plateau); refused while there is none")
     parser.add_argument("--ablation", action="store_true",

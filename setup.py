@@ -1,6 +1,6 @@
 """mtsa-fairseq: Multi-mask Tensorized Self-Attention (MTSA), DiSAN and Fast-DiSA for fairseq.
 
-fairseq itself comes from ``fairseq-fixed`` (see README, "Installing"). Set
+fairseq itself comes from ``fairseq-fixed`` (docs/installation.md, "Why fairseq-fixed"). Set
 ``MTSA_FAIRSEQ_OWN_FAIRSEQ=1`` to keep a fairseq build of your own instead.
 """
 

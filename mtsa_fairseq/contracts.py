@@ -6,6 +6,13 @@ YAML reader.
 (``mtsa-score``; ``mtsa-evaluate-sentence`` for sentence tasks) each carry a ``schema`` key naming their layout and
 version.
 
+A path a record names is relative to the record's own folder (a result file's, or for ``run.json`` the run
+directory), so that a tree of records reads the same wherever it is copied: :func:`relative_path` writes one,
+:func:`record_path` reads one back (and takes an absolute path, which older records hold, as it is). In
+``run.json`` these are ``checkpoint``, ``data``, ``config_path``, ``trained_in``, ``unreadable_checkpoint``, the
+``averaged`` checkpoints, and every argument of ``command`` that names a file (written starting ``./`` or
+``../``); :func:`read_run` returns them resolved, :func:`run_record_to_write` makes them relative.
+
 Text files (corpora, references, hypotheses) are read line by line with :func:`iter_lines` at every stage, so
 that data preparation, scoring and significance tests see the same lines: UTF-8 (a file that is not is refused,
 naming the line), plain or gzip-compressed, lines ending at ``\\n`` only.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +37,58 @@ SENTENCE_RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 SENTENCE_KINDS = ("single", "pair", "relatedness")  # what one example of a sentence dataset holds
 BLEU_METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")  # the BLEU values of a result file
+RUN_PATHS = ("checkpoint", "data", "config_path", "trained_in", "unreadable_checkpoint")  # run.json's path fields
+
+
+def relative_path(path: str | Path, folder: str | Path) -> str:
+    """``path`` as a record in ``folder`` names it: relative to ``folder`` (a relative ``path`` is taken from the
+    current directory)."""
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
+
+
+def record_path(value: str | Path, folder: str | Path) -> Path:
+    """The file a record in ``folder`` names ``value``: relative to ``folder``, or absolute (older records)."""
+    return Path(os.path.normpath(os.path.join(folder, value)))
+
+
+def _names_file(argument: str) -> bool:
+    """Whether a command argument in run.json is a path relative to the run directory (``.``, ``./``, ``../``)."""
+    return argument in (".", "..") or argument.startswith(("./", "../"))
+
+
+def _command_argument(argument: str, run_dir: Path) -> str:
+    """One argument of a command as run.json holds it: a path (absolute, or ``.``, ``./``, ``../`` from the
+    current directory) relative to ``run_dir``, in a form :func:`_names_file` knows; anything else as it is."""
+    if not (os.path.isabs(argument) or _names_file(argument)):
+        return argument
+    relative = relative_path(argument, run_dir)
+    return relative if _names_file(relative) else f"./{relative}"
+
+
+def run_record_to_write(run_dir: str | Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` as run.json in ``run_dir`` holds it: its paths (:data:`RUN_PATHS`, ``averaged``, the
+    command's file arguments) relative to ``run_dir``."""
+    run_dir = Path(run_dir)
+    out = {**record, **{key: relative_path(record[key], run_dir) for key in RUN_PATHS if record.get(key)}}
+    if record.get("averaged"):
+        out["averaged"] = [relative_path(path, run_dir) for path in record["averaged"]]
+    if record.get("command"):
+        out["command"] = [_command_argument(str(argument), run_dir) for argument in record["command"]]
+    return out
 
 
 def read_run(run_dir: Path, error: type[Exception] = ValueError) -> dict[str, Any]:
-    """``RUN_DIR/run.json`` of a training run (schema :data:`RUN_SCHEMA`); anything else raises ``error``."""
-    return read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file", error)
+    """``RUN_DIR/run.json`` of a training run (schema :data:`RUN_SCHEMA`) with its paths resolved (relative to
+    ``run_dir`` if ``run_dir`` is); anything else raises ``error``."""
+    record = read_json(Path(run_dir) / "run.json", RUN_SCHEMA, "run file", error)
+    for key in RUN_PATHS:
+        if record.get(key):
+            record[key] = str(record_path(record[key], run_dir))
+    if record.get("averaged"):
+        record["averaged"] = [str(record_path(path, run_dir)) for path in record["averaged"]]
+    if record.get("command"):
+        record["command"] = [str(record_path(a, run_dir)) if _names_file(a) else a for a in record["command"]]
+    return record
 
 
 def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dict[str, Any]:

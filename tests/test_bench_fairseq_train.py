@@ -89,3 +89,15 @@ def test_rows_measured_are_kept_when_a_later_batch_size_fails(tmp_path):
     assert proc.returncode == 1
     assert "transformer_tiny at --max-tokens 2 failed" in proc.stderr
     assert [row["max_tokens"] for row in json.loads(out.read_text())["rows"]] == [256]
+
+
+def test_profile_reports_name_source_files_from_their_import_root():
+    import fairseq
+
+    from mtsa_fairseq.experiments.commands.bench_fairseq_train import without_import_roots
+    from mtsa_fairseq.experiments.fairseq_train import USER_DIR
+
+    trainer, core = Path(fairseq.__file__).parent / "trainer.py", Path(USER_DIR) / "modules" / "mtsa_core.py"
+    line = f"   10    0.006 {trainer}:796(train_step)\n   60    0.004 {core}:598(forward)"
+    assert without_import_roots(line) == ("   10    0.006 fairseq/trainer.py:796(train_step)\n"
+                                          "   60    0.004 mtsa_fairseq/modules/mtsa_core.py:598(forward)")

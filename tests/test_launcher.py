@@ -18,6 +18,7 @@ from process_helpers import trainer_list_is, trainers_on, wait_for
 
 import mtsa_fairseq.plugin  # noqa: F401  (fairseq's checkpoint loader below needs the plugin, as users' code does)
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
+from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, record_start, write_run
@@ -109,7 +110,8 @@ def launch(config: Path, data: Path, save_root: Path, seeds: list[int], **option
 
 
 def run_json(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())
+    """run.json as the tools read it: its paths (relative to the run directory in the file) resolved."""
+    return read_run(run_dir, AssertionError)
 
 
 @pytest.fixture(scope="module")

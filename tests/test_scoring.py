@@ -166,8 +166,8 @@ def test_score_explicit_data_bin(trained, tmp_path):
     assert result["num_sentences"] == 20 and result["test_set"] == "test" and result["subset"] == "test"
     assert result["num_params"] == _parameters_in_checkpoint(root / "ckpt/checkpoint_last.pt")
     assert result["generation"] == {"beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200}
-    hyp_path = Path(result["hypotheses"])
-    assert hyp_path == (tmp_path / "res" / "toy.hyp.txt").resolve()
+    hyp_path = scoring.result_file(result, "hypotheses", out)
+    assert hyp_path.resolve() == (tmp_path / "res" / "toy.hyp.txt").resolve()
     hyps, refs = scoring.read_lines(hyp_path), scoring.read_lines(root / "raw/test.de")
     assert len(hyps) == 20 and any(hyps)
     assert result["bleu"] == scoring.bleu_scores(hyps, refs, "de")
@@ -204,7 +204,8 @@ def test_score_prepared_dir_and_run_dir(trained, tmp_path):
     result = json.loads(out.read_text())
     assert (result["system"], result["setup"], result["seed"], result["test_set"]) == ("mtsa", "setup1", 3, "toy2014")
     assert result["num_sentences"] == 20
-    assert result["checkpoint"] == str((root / "ckpt/checkpoint_last.pt").resolve())
+    checkpoint = scoring.result_file(result, "checkpoint", out).resolve()
+    assert str(checkpoint) == str((root / "ckpt/checkpoint_last.pt").resolve())
 
 
 @pytest.mark.slow
@@ -226,7 +227,7 @@ def test_stray_carriage_return_in_a_reference_line(trained, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["num_sentences"] == 20
-    hyps = scoring.read_lines(Path(result["hypotheses"]))
+    hyps = scoring.read_lines(scoring.result_file(result, "hypotheses", out))
     assert result["bleu"] == scoring.bleu_scores(hyps, lines, "de")  # BLEU takes the CR for a space
 
 

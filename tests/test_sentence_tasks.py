@@ -566,3 +566,15 @@ def test_lr_search_usage_errors(trec_data, tmp_path, args, message):
                "mtsa_encoder", "--out", str(tmp_path / "out"), *args, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sentence_result_names_its_checkpoint_and_data_from_its_folder(tmp_path):
+    from mtsa_fairseq.experiments.sentence.evaluation import write_result
+
+    (tmp_path / "exp" / "results").mkdir(parents=True)
+    result = {"checkpoint": str(tmp_path / "exp/runs/mtsa_encoder/seed1/checkpoint_best.pt"),
+              "data": str(tmp_path / "data/sick"), "metrics": {"pearson": 0.8}}
+    write_result(tmp_path / "exp/results/mtsa_encoder_seed1.json", result)
+    assert json.loads((tmp_path / "exp/results/mtsa_encoder_seed1.json").read_text()) == {
+        "checkpoint": "../runs/mtsa_encoder/seed1/checkpoint_best.pt", "data": "../../data/sick",
+        "metrics": {"pearson": 0.8}}

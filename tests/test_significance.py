@@ -16,6 +16,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from scipy import stats
 
+from mtsa_fairseq.contracts import relative_path
 from mtsa_fairseq.experiments import significance
 from mtsa_fairseq.experiments.translation import scoring
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
@@ -42,7 +43,7 @@ def _write_result(root: Path, refs_path: Path, system: str, setup: str, seed: in
         system=system, setup=setup, arch=f"{system}_arch", seed=seed, checkpoint=root / "ckpt.pt",
         num_params=num_params, test_set="toytest", subset="test", hypotheses=hyp_path, references=refs_path,
         num_sentences=len(refs), bleu=scoring.bleu_scores(hyps, refs, "de"),
-        generation={"beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200},
+        generation={"beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200}, folder=root,
     )
     path = root / f"{system}_{setup}_seed{seed}.json"
     path.write_text(json.dumps(result))
@@ -63,6 +64,18 @@ def results(tmp_path_factory):
 
 def _load(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def _moved(path: Path, folder: Path) -> dict:
+    """Result ``path`` as a copy of it in ``folder`` says it: naming the same files, from ``folder``."""
+    data = _load(path)
+    return {**data, **{key: relative_path(scoring.result_file(data, key, path), folder)
+                       for key in ("checkpoint", "hypotheses", "references")}}
+
+
+def _lines(path: Path, key: str) -> list[str]:
+    """The lines of the file that result ``path`` names under ``key`` (relative to its folder)."""
+    return scoring.read_lines(scoring.result_file(_load(path), key, path))
 
 
 def _run_main(monkeypatch, *argv: str) -> None:
@@ -161,8 +174,8 @@ def test_cross_validation_summary_pairs_runs_by_fold():
 def test_paired_tests_are_deterministic_and_match_sacrebleu(results, monkeypatch):
     _, files = results
     base, mtsa = _load(files["base"][0]), _load(files["mtsa"][0])
-    h0, h1 = scoring.read_lines(Path(base["hypotheses"])), scoring.read_lines(Path(mtsa["hypotheses"]))
-    refs = scoring.read_lines(Path(base["references"]))
+    h0, h1 = _lines(files["base"][0], "hypotheses"), _lines(files["mtsa"][0], "hypotheses")
+    refs = _lines(files["base"][0], "references")
     monkeypatch.delenv("SACREBLEU_SEED", raising=False)
     for test_type, n in (("bs", 200), ("ar", 300)):
         first = significance.paired_test(h0, h1, refs, test_type, n, seed=7)
@@ -181,8 +194,7 @@ def test_paired_tests_are_deterministic_and_match_sacrebleu(results, monkeypatch
 def test_identical_systems_get_p_one_where_sacrebleu_gives_its_smallest(results):
     """Ties count (Koehn 2004; Riezler and Maxwell 2005): a system compared with itself is never significant."""
     _, files = results
-    base = _load(files["base"][0])
-    h0, refs = scoring.read_lines(Path(base["hypotheses"])), scoring.read_lines(Path(base["references"]))
+    h0, refs = _lines(files["base"][0], "hypotheses"), _lines(files["base"][0], "references")
     for test_type, n in (("bs", 200), ("ar", 300)):
         assert significance.paired_test(h0, list(h0), refs, test_type, n, seed=7)[2] == 1.0
         _, scores = PairedTest(named_systems=[("baseline", h0), ("system", list(h0))],
@@ -229,8 +241,8 @@ def test_table6_markdown(results):
     group = comparison.groups[0]
     assert [r.seed for r in group.paired] == [1, 2]
     b, s = _load(files["base"][0]), _load(files["mtsa"][0])
-    refs = scoring.read_lines(Path(b["references"]))
-    h0, h1 = scoring.read_lines(Path(b["hypotheses"])), scoring.read_lines(Path(s["hypotheses"]))
+    refs = _lines(files["base"][0], "references")
+    h0, h1 = _lines(files["base"][0], "hypotheses"), _lines(files["mtsa"][0], "hypotheses")
     p_bs = significance.paired_test(h0, h1, refs, "bs", 200, 3)[2]
     p_ar = significance.paired_test(h0, h1, refs, "ar", 300, 3)[2]
     row = (f"| 1 | {b['bleu']['sacrebleu']:.2f} | {s['bleu']['sacrebleu']:.2f} | {significance.format_p(p_bs)} | "
@@ -269,9 +281,9 @@ def test_script_errors_write_nothing(results, tmp_path, case):
         base = [f for f in base if _load(f)["setup"] == "setup1"] + [base[-1]]  # setup2: one baseline run
         message = "has 1 run(s); a t-test needs at least 2"
     else:
-        short = _load(mtsa[0])
+        short = _moved(mtsa[0], tmp_path)
         hyp = tmp_path / "short.hyp.txt"
-        scoring.write_lines(hyp, scoring.read_lines(Path(short["hypotheses"]))[:-1])
+        scoring.write_lines(hyp, _lines(mtsa[0], "hypotheses")[:-1])
         short["hypotheses"] = str(hyp)
         (tmp_path / "short.json").write_text(json.dumps(short))
         mtsa[0] = tmp_path / "short.json"
@@ -288,7 +300,7 @@ def test_script_errors_write_nothing(results, tmp_path, case):
 
 
 def _variant(path: Path, tmp_path: Path, name: str, **changes) -> Path:
-    data = _load(path)
+    data = _moved(path, tmp_path)
     for key, value in changes.items():
         if key == "signature":
             data["bleu"]["signature"] = value
@@ -318,7 +330,7 @@ def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, 
         mtsa[0] = _variant(mtsa[0], tmp_path, "schema.json", schema="mtsa-fairseq.result.v0")
         message = "expected 'mtsa-fairseq.result.v1'"
     elif case == "nan":
-        data = _load(mtsa[0])
+        data = _moved(mtsa[0], tmp_path)
         data["bleu"]["sacrebleu"] = float("nan")
         mtsa[0] = tmp_path / "nan.json"
         mtsa[0].write_text(json.dumps(data))  # Python writes NaN, which is not JSON but parses
@@ -376,3 +388,23 @@ def test_existing_outputs_need_overwrite_and_are_replaced_whole(results, tmp_pat
     assert md.read_text() == capsys.readouterr().out  # the new report, as printed
     assert json.loads(js.read_text())["schema"] == "mtsa-fairseq.significance.v1"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
+
+
+def test_a_result_names_its_files_from_its_folder(tmp_path, monkeypatch):
+    """A fresh result holds no absolute path, reads the same from another directory and after its tree moves."""
+    study = tmp_path / "study"
+    write_corpus(study / "data", {"test": 40}, seed=5)
+    (study / "results").mkdir()
+    path = _write_result(study / "results", study / "data" / "test.de", "mtsa", "setup1", 1, 0.3, 100)
+    text = path.read_text()
+    assert str(tmp_path) not in text and "\"/" not in text
+    assert {key: json.loads(text)[key] for key in ("checkpoint", "hypotheses", "references")} == {
+        "checkpoint": "ckpt.pt", "hypotheses": "mtsa_setup1_seed1.hyp.txt", "references": "../data/test.de"}
+    expected = significance.load_result(path)
+    monkeypatch.chdir(study / "data")
+    assert significance.load_result(path) == expected
+    (tmp_path / "elsewhere").mkdir()
+    os.rename(study, tmp_path / "elsewhere" / "study")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    moved = significance.load_result(Path("study/results") / path.name)
+    assert (moved.hypotheses, moved.references, moved.bleu) == (expected.hypotheses, expected.references, expected.bleu)

@@ -3,7 +3,6 @@ checkout): built, installed into a fresh virtual environment that shares this en
 and run from a directory outside the checkout."""
 
 import ast
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
+from mtsa_fairseq.contracts import read_run
 
 pytestmark = pytest.mark.slow  # builds a wheel and trains the demo pipeline's runs
 
@@ -72,7 +73,7 @@ def test_the_demo_pipeline_trains_from_the_wheel(installed):
     venv, work, env = installed
     _run(venv / "bin/mtsa-pipeline", "--out", "demo", "--seeds", "1", "2", "--cpu", "--threads", "1", "--train-only",
          "--train-args", "--extra-args '--max-update 3'", cwd=work, env=env)
-    records = [json.loads(p.read_text()) for p in sorted((work / "demo/runs").glob("*/seed*/run.json"))]
+    records = [read_run(p.parent) for p in sorted((work / "demo/runs").glob("*/seed*/run.json"))]
     assert [(r["system"], r["seed"], r["status"], r["num_updates"]) for r in records] == [
         (system, seed, "done", 3) for system in ("mtsa", "transformer") for seed in (1, 2)]
     site = next((venv / "lib").glob("python*/site-packages"))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.contracts import read_run, run_record_to_write
 from mtsa_fairseq.experiments.checkpoint_average import (
     EPOCH_CHECKPOINT,
     UPDATE_CHECKPOINT,
@@ -41,8 +41,10 @@ def previous_run(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_run(run_dir: Path, record: dict[str, Any]) -> None:
-    """Write run.json atomically: a failed write (a full disk) leaves the previous record whole."""
-    write_json(Path(run_dir) / "run.json", record)
+    """Write run.json atomically, its paths relative to ``run_dir``
+    (:func:`~mtsa_fairseq.contracts.run_record_to_write`): a failed write (a full disk) leaves the previous record
+    whole."""
+    write_json(Path(run_dir) / "run.json", run_record_to_write(run_dir, record))
 
 
 def carried_seconds(previous: dict[str, Any] | None, log_path: Path) -> float:

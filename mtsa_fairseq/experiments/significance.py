@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import BLEU_METRICS, RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.contracts import BLEU_METRICS, RESULT_SCHEMA, read_json, read_lines, record_path
 from mtsa_fairseq.experiments.plotting import pyplot
 
 TESTS = ("welch", "student")
@@ -83,9 +83,7 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
         raise SignificanceError(f"{path}: num_sentences must be an integer, got {data['num_sentences']!r}")
     files = {}
     for key in ("hypotheses", "references"):
-        file = Path(data[key])
-        if not file.is_absolute():
-            file = path.parent / file
+        file = record_path(data[key], path.parent)  # relative to the result's folder, or absolute (older results)
         if not file.is_file():
             raise SignificanceError(f"{key} file of {path} not found: {file}")
         files[key] = file

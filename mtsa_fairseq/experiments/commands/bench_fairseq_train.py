@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command
 
@@ -207,8 +208,17 @@ def profile_report(kernels, host: cProfile.Profile, wall: float, inside: float, 
     for order in ("tottime", "cumulative"):
         text = io.StringIO()
         pstats.Stats(host, stream=text).sort_stats(order).print_stats(35)
-        lines += [f"cProfile of the host, by {order}:", text.getvalue()]
+        lines += [f"cProfile of the host, by {order}:", without_import_roots(text.getvalue())]
     return "\n".join(lines) + "\n"
+
+
+def without_import_roots(text: str) -> str:
+    """``text`` with every source file named from the directory it is imported from (``sys.path``'s and the
+    plugin's), e.g. ``mtsa_fairseq/modules/mtsa_core.py`` or ``fairseq/trainer.py``: no machine's path."""
+    roots = {str(Path(USER_DIR).parent), *sys.path}
+    for root in sorted((r for r in roots if os.path.isabs(r) and r.rstrip(os.sep)), key=len, reverse=True):
+        text = text.replace(root.rstrip(os.sep) + os.sep, "")
+    return text
 
 
 def child(spec: dict) -> None:

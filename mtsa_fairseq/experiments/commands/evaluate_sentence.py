@@ -3,7 +3,8 @@
   python scripts/evaluate_sentence.py --checkpoint runs/sst5/checkpoint_best.pt --split test --result sst5-test.json
 
 Prints accuracy (classification) or Pearson r, Spearman rho and MSE (SICK) and writes a JSON result with the
-per-example predictions. For cross-validation data the checkpoint's --cv-fold is evaluated (the held-out fold).
+per-example predictions (its checkpoint and data named relative to the result's folder). For cross-validation
+data the checkpoint's --cv-fold is evaluated (the held-out fold).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.experiments.files import write_json
 from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate
+from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate, write_result
 
 
 def _main() -> None:
@@ -42,7 +42,7 @@ def _main() -> None:
           f"{result['num_updates']} updates): {shown}")
     if args.result:
         args.result.parent.mkdir(parents=True, exist_ok=True)
-        write_json(args.result, result)
+        write_result(args.result, result)
 
 
 def main() -> None:

@@ -63,7 +63,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json
+from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA, read_json, relative_path
 from mtsa_fairseq.experiments import CONFIGS as PACKAGE_CONFIGS
 from mtsa_fairseq.experiments import command
 from mtsa_fairseq.experiments.checkpoint_average import (
@@ -259,7 +259,8 @@ def study_report(out: Path, seeds: list[int], budget_record: dict | None = None,
     """The machine-readable study: per run its validation curve and test BLEU of both checkpoint kinds (sacreBLEU
     in ``test``, tokenized compound-split BLEU in ``test_tokenized``); per test set and kind the two systems'
     means, standard deviations, Welch's test and the paired tests per seed (``summary``: sacreBLEU,
-    ``summary_tokenized``); the budget and where it came from (``budget_record`` of :func:`probe_budget`)."""
+    ``summary_tokenized``); the budget and where it came from (``budget_record`` of :func:`probe_budget`, its
+    ``probe`` relative to the study.json's folder)."""
     curves = run_curves(out, seeds, comparison)
     runs = []
     for role, config in comparison.configs.items():
@@ -283,7 +284,9 @@ def study_report(out: Path, seeds: list[int], budget_record: dict | None = None,
             })
     reports = out / comparison.reports
     return {"schema": STUDY_SCHEMA, "sacrebleu_signature": _significance_report(reports, "last", "")["signature"],
-            "averaged_epochs": AVERAGED, "budget": budget_record, "runs": runs,
+            "averaged_epochs": AVERAGED,
+            "budget": budget_record and {**budget_record, "probe": relative_path(budget_record["probe"], reports)},
+            "runs": runs,
             "summary": _summary(reports, "", comparison.names),
             "summary_tokenized": _summary(reports, "-tokenized", comparison.names)}
 

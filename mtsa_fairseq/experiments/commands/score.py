@@ -1,6 +1,7 @@
 """Translate one test set with one checkpoint (fairseq-generate) and write its BLEU result file.
 
-Writes RESULT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<RESULT stem>.hyp.txt).
+Writes RESULT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<RESULT stem>.hyp.txt);
+the result names its checkpoint, hypotheses and references relative to RESULT's folder.
 Option errors exit with status 2, errors in the inputs (run record, checkpoint, data, references) with 1.
 BLEU values: sacreBLEU (detokenised, with its signature), tokenised compound-split BLEU (Vaswani et al.)
 and t2t-bleu's case-sensitive international-tokenisation BLEU; see mtsa_fairseq/experiments/translation/scoring.py.
@@ -71,8 +72,7 @@ def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 fail(f"run {args.run_dir} has status {run.get('status')!r}, not 'done'")
             if not run.get("checkpoint"):
                 fail(f"{args.run_dir / 'run.json'} names no checkpoint")
-            checkpoint = Path(run["checkpoint"])
-            checkpoint = checkpoint if checkpoint.is_absolute() else args.run_dir / checkpoint
+            checkpoint = Path(run["checkpoint"])  # read_run resolves it (run.json names it from the run directory)
         else:
             checkpoint = args.checkpoint
             has_run = (checkpoint.parent / "run.json").is_file()
@@ -190,7 +190,7 @@ def score(args: argparse.Namespace, parser: argparse.ArgumentParser, checkpoint:
         seed=args.seed if args.seed is not None else run.get("seed", info.seed),
         checkpoint=checkpoint, num_params=info.num_params, test_set=test_name, subset=inputs.subset,
         hypotheses=hyp_path, references=inputs.reference, num_sentences=len(references), bleu=bleu,
-        generation=generation,
+        generation=generation, folder=args.result.parent,
     )
     scoring.write_lines(hyp_path, hypotheses)
     write_json(args.result, result, indent=2)

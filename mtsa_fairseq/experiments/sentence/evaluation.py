@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA
+from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, relative_path
+from mtsa_fairseq.experiments.files import write_json
 
 
 class EvaluationError(ValueError):
@@ -45,7 +46,8 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
 
 def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | None = None, cv_fold: int | None = None,
              batch_size: int = 128, use_cuda: bool = False) -> dict[str, Any]:
-    """Predictions and metrics of ``checkpoint`` on ``split`` (for cross-validation data: the held-out fold)."""
+    """Predictions and metrics of ``checkpoint`` on ``split`` (for cross-validation data: the held-out fold);
+    ``checkpoint`` and ``data`` absolute until :func:`write_result` writes it."""
     import torch
     from scipy import stats
 
@@ -99,3 +101,10 @@ def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | Non
         "predictions": predictions,
         "references": gold,
     }
+
+
+def write_result(path: str | Path, result: dict[str, Any]) -> None:
+    """Write a result of :func:`evaluate` to ``path``, its ``checkpoint`` and ``data`` relative to ``path``'s
+    folder."""
+    folder = Path(path).parent
+    write_json(path, {**result, **{key: relative_path(result[key], folder) for key in ("checkpoint", "data")}})

@@ -263,7 +263,7 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
 def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
                 threads: int | None, cpu: bool, log: Callable[[str], None], split: str | None,
                 lock: RunLock, trained_in: Path | None) -> dict[str, Any]:
-    from mtsa_fairseq.experiments.sentence.evaluation import evaluate
+    from mtsa_fairseq.experiments.sentence.evaluation import evaluate, write_result
 
     result_path = run.result_path(out)
     budget = max_update if max_update is not None else config.options(run.arch)["max-update"]
@@ -311,7 +311,7 @@ def _run_locked(config: TaskConfig, run: Run, data: Path, out: Path, max_update:
                   train_seconds=finished["wall_seconds"],
                   train_words_per_second=None if wps is None else round(wps, 1))
     result_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(result_path, result)
+    write_result(result_path, result)
     shown = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
     log(f"[experiment] {run.key}: {split} {shown}")
     return result

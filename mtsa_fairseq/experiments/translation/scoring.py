@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtsa_fairseq.contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines
+from mtsa_fairseq.contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines, record_path, relative_path
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic
 from mtsa_fairseq.experiments.processes import run_logged
@@ -155,24 +155,32 @@ def build_result(
     num_sentences: int,
     bleu: dict[str, Any],
     generation: dict[str, Any],
+    folder: Path,
 ) -> dict[str, Any]:
-    """A result dict in the ``mtsa-fairseq.result.v1`` layout (paths made absolute)."""
+    """A result dict in the ``mtsa-fairseq.result.v1`` layout for a result file in ``folder``: ``checkpoint``,
+    ``hypotheses`` and ``references`` relative to ``folder`` (read them back with :func:`result_file`)."""
     return {
         "schema": RESULT_SCHEMA,
         "system": system,
         "setup": setup,
         "arch": arch,
         "seed": seed,
-        "checkpoint": str(Path(checkpoint).resolve()),
+        "checkpoint": relative_path(checkpoint, folder),
         "num_params": int(num_params),
         "test_set": test_set,
         "subset": subset,
         "num_sentences": int(num_sentences),
-        "hypotheses": str(Path(hypotheses).resolve()),
-        "references": str(Path(references).resolve()),
+        "hypotheses": relative_path(hypotheses, folder),
+        "references": relative_path(references, folder),
         "bleu": dict(bleu),
         "generation": dict(generation),
     }
+
+
+def result_file(result: dict[str, Any], key: str, path: Path) -> Path:
+    """The file a result read from ``path`` names under ``key`` (``checkpoint``, ``hypotheses``, ``references``):
+    relative to ``path``'s folder, or absolute (older results)."""
+    return record_path(result[key], Path(path).parent)
 
 
 def read_manifest(data_dir: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from scipy import stats
 from mtsa_fairseq.experiments.commands import docs_tables
 from mtsa_fairseq.experiments.sentence import experiment, lr_search
 from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table, summary_table
-from mtsa_fairseq.experiments.significance import t_test
+from mtsa_fairseq.experiments.significance import detectable_difference, equivalence_test, format_p, t_test
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import (
     study_paired_table,
@@ -148,7 +148,15 @@ def test_anchor_table_of_a_cross_validation_uses_the_folds_chosen_numbers():
                                                                                               label="CNN-rand")}
     chosen = report["cross_validation"]["archs"]["mtsa_encoder"]["chosen"]
     assert f"| 10 | {chosen['mean']:.2f} ± {chosen['std']:.2f} |" in rows[("mtsa_encoder", "chosen on the other folds")]
-    assert rows[("mtsa_encoder", "chosen on the other folds")].endswith("| 0.119 | 0.060 |")
+    # beside the corrected test (folds share training data), the naive one: two-sided 0.119 (one-sided 0.060)
+    chosen = rows[("mtsa_encoder", "chosen on the other folds")]
+    assert chosen.endswith("| 0.119 |") and rows[("architecture", "number")].endswith(
+        "| t (corrected) | p (two-sided) | p (mean > CNN-rand) | p (naive: folds independent, figure exact) |")
+    assert float(chosen.split(" | ")[7]) > 0.119
+    with_error = anchor_table(report, value=79.8, label="CNN-rand", anchor_n=3775)
+    assert with_error[0].endswith("| p (corrected, figure exact) | p (naive: folds independent, figure exact) |")
+    assert "t (corrected; CNN-rand ± 0.65 on 3,775 items)" in with_error[0]
+    assert with_error[2].endswith(f"| {chosen.split(' | ')[7]} | 0.119 |")
 
 
 def test_the_number_chosen_on_the_other_folds_leads_every_cross_validation_table():
@@ -251,10 +259,11 @@ def test_summary_table_shows_the_searched_rates():
                "archs": {"a": {"values": [80.0, 82.0], "mean": 81.0, "std": 1.4142135623730951}},
                "lr_from": {"chosen": {"a": 5e-4}}}
     assert experiment.summary_table(summary)[::2] == [
-        "| architecture | lr | seeds | accuracy per seed | mean ± sd | a − it | t | df | p (two-sided) | p (a > it) |",
-        "| a | 0.0005 | 2 | 80.00, 82.00 | 81.00 ± 1.41 | — | — | — | — | — |"]
+        "| architecture | lr | seeds | accuracy per seed | mean ± sd | a − it | 95% CI | t | df | p (two-sided) | "
+        "p (a > it) |",
+        "| a | 0.0005 | 2 | 80.00, 82.00 | 81.00 ± 1.41 | — | — | — | — | — | — |"]
     del summary["lr_from"]
-    assert experiment.summary_table(summary)[1] == "|---|---|---|---|---|---|---|---|---|"
+    assert experiment.summary_table(summary)[1] == "|---|---|---|---|---|---|---|---|---|---|"
 
 
 def test_cross_validation_table_shows_the_searched_rates():
@@ -273,7 +282,8 @@ def _study() -> dict:
     def row(base: float, system: float) -> dict:
         return {"Transformer": {"mean": base, "std": 0.5, "n": 2}, "MTSA": {"mean": system, "std": 0.25, "n": 2},
                 "welch": {"t": -1.2, "df": 1.5, "p_two_sided": 0.4, "p_greater": 0.0004},
-                "paired": [{"seed": 1, "baseline_bleu": 40.0, "system_bleu": 40.5, "p_bootstrap": 0.2, "p_ar": 0.21}]}
+                "paired": [{"seed": 1, "baseline_bleu": 40.0, "system_bleu": 40.5, "p_bootstrap_two_sided": 0.2,
+                            "p_bootstrap_moses": 0.09, "p_ar": 0.21}]}
 
     runs = [{"system": system, "seed": seed, "num_updates": 6864, "wall_seconds": 9000.0,
              "train_target_tokens_per_second": 900.4 if system == "MTSA" else None,
@@ -291,8 +301,10 @@ def test_study_tables_show_both_checkpoints_both_bleus_the_pairs_and_every_run()
     report = _study()
     table = study_table(report, {"MTSA": "MTSA encoder"})
     assert table[0] == ("| test set | checkpoint | BLEU | Transformer | MTSA encoder | MTSA encoder − Transformer | "
-                        "95% CI | t (df) | p (two-sided) | p (MTSA encoder > Transformer) |")
-    assert table[2:] == [
+                        "95% CI | t (df) | p (two-sided) | p (MTSA encoder > Transformer) | "
+                        "p (equivalent within ±0.45) | detectable (80% power) |")
+    # the columns before the equivalence test and the detectable difference
+    assert [row.rsplit(" | ", 2)[0] + " |" for row in table[2:]] == [
         "| test_2016_flickr | last | sacreBLEU | 39.50 ± 0.50 (2) | 40.00 ± 0.25 (2) | +0.50 | -1.88 to +2.88 | "
         "-1.20 (1.5) | 0.400 | 4.0e-04 |",
         "| test_2016_flickr | last | tokenized, compound-split | 41.00 ± 0.50 (2) | 41.50 ± 0.25 (2) | +0.50 | "
@@ -301,8 +313,14 @@ def test_study_tables_show_both_checkpoints_both_bleus_the_pairs_and_every_run()
         "-2.13 to +2.63 | -1.20 (1.5) | 0.400 | 4.0e-04 |",
         "| test_2016_flickr | average of the last 5 | tokenized, compound-split | 41.50 ± 0.50 (2) | "
         "41.75 ± 0.25 (2) | +0.25 | -2.13 to +2.63 | -1.20 (1.5) | 0.400 | 4.0e-04 |"]
+    equivalence = equivalence_test(39.5, 0.5, 2, 40.0, 0.25, 2, 0.45)
+    detectable = detectable_difference(0.5, 2, 0.25, 2)
+    assert table[2].endswith(f"| {format_p(equivalence.p)} | {detectable:.2f} |")
+    assert study_table(report, margin=1.0)[0].endswith("| p (equivalent within ±1) | detectable (80% power) |")
     paired = study_paired_table(report)
-    assert len(paired) == 4 and paired[2] == "| test_2016_flickr | last | 1 | 40.00 | 40.50 | 0.200 | 0.210 |"
+    assert len(paired) == 4 and paired[2] == "| test_2016_flickr | last | 1 | 40.00 | 40.50 | 0.200 | 0.210 | 0.090 |"
+    assert paired[0].endswith("| p (paired bootstrap, two-sided) | p (approximate randomization) | "
+                              "p (Moses bootstrap, one-sided-like) |")
     runs = study_runs_table(report)
     assert runs[0].endswith("| test_2016_flickr last | test_2016_flickr average of the last 5 |") and len(runs) == 6
     assert runs[2] == "| Transformer | 1 | 6,864 | 9,000 | — | 40.00 (528) | 39.50 | -0.50 | 39.00 | 39.50 |"

@@ -4,13 +4,13 @@ import errno
 import json
 import os
 import signal
-import time
 
 import pytest
 
+from mtsa_fairseq.contracts import RUN_SCHEMA
 from mtsa_fairseq.experiments import files
 from mtsa_fairseq.experiments.processes import LockBusy, Terminated, run_command, terminate_on_sigterm
-from mtsa_fairseq.experiments.runs import record_interrupted, resume_point, write_run
+from mtsa_fairseq.experiments.runs import close_session, resume_point, write_run
 
 
 def _full_disk(*args, **kwargs):
@@ -49,20 +49,21 @@ def test_readable_json(tmp_path, text, readable):
 def test_run_record_survives_a_full_disk(tmp_path, monkeypatch, capsys):
     """A failed write keeps the previous record whole (before: a 0-byte temporary and a stale record), and
     recording an interruption on a full disk warns instead of replacing the interruption."""
-    write_run(tmp_path, {"status": "running", "wall_seconds": 1.0})
+    write_run(tmp_path, {"schema": RUN_SCHEMA, "status": "running", "wall_seconds": 1.0})
     monkeypatch.setattr(files.os, "fsync", _full_disk)
     with pytest.raises(OSError):
         write_run(tmp_path, {"status": "done"})
-    record_interrupted(tmp_path, {"status": "running", "wall_seconds": 1.0}, 0.0)
+    close_session(tmp_path)
     assert "could not record the interruption" in capsys.readouterr().err
-    assert (tmp_path / "run.json").read_text() == '{\n "status": "running",\n "wall_seconds": 1.0\n}\n'
+    assert (tmp_path / "run.json").read_text() == \
+        f'{{\n "schema": "{RUN_SCHEMA}",\n "status": "running",\n "wall_seconds": 1.0\n}}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 
 def test_a_second_interruption_waits_for_the_interruption_record(tmp_path, monkeypatch):
     """SIGTERM arriving while the interruption is recorded (a launcher's death signal just after its output pipe
     broke; Ctrl-C twice) is raised once run.json says interrupted, not in the middle of writing it."""
-    write_run(tmp_path, {"status": "running", "wall_seconds": 1.0})
+    write_run(tmp_path, {"schema": RUN_SCHEMA, "status": "running", "wall_seconds": 1.0})
     fsync = files.os.fsync
 
     def signalled_fsync(fd: int) -> None:
@@ -74,7 +75,7 @@ def test_a_second_interruption_waits_for_the_interruption_record(tmp_path, monke
     terminate_on_sigterm()
     try:
         with pytest.raises(Terminated):
-            record_interrupted(tmp_path, {"status": "running", "wall_seconds": 1.0}, time.monotonic())
+            close_session(tmp_path)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "interrupted"

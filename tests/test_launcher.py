@@ -21,7 +21,7 @@ from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
-from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, record_start, write_run
+from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, session, write_run
 from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.launch import execute
 from mtsa_fairseq.experiments.translation.plan import LaunchOptions, plan
@@ -225,16 +225,22 @@ def test_slurm_start_records_cpu_kernels_once_per_change(trained, tmp_path):
     other = "DEFAULT" if now != "DEFAULT" else "AVX2"
     (run_dir / "run.json").write_text(json.dumps({**run_json(run_dir), "cpu_kernels": [other]}))
     messages: list[str] = []
-    record = record_start(run_dir, "tiny.seed1", messages.append, slurm_job="7")
+
+    def record_start(cpu_label: str | None = None, **fields: object) -> dict:
+        with session(run_dir, None, cpu_label or "tiny.seed1", messages.append, cpu_label is not None,
+                     **fields) as started:
+            return started.record
+
+    record = record_start("tiny.seed1", slurm_job="7")
     assert messages == [f"tiny.seed1: trained with torch's {other} CPU kernels so far, resumed with {now}: it will "
                         f"not repeat an uninterrupted run bit for bit (ATEN_CPU_CAPABILITY={other.lower()} selects "
                         f"{other})"]
     assert run_json(run_dir) == record
     assert (record["status"], record["slurm_job"], record["resumed_from_updates"]) == ("running", "7", 10)
     assert record["cpu_kernels"] == [other, now]
-    assert record_start(run_dir, "tiny.seed1", messages.append)["cpu_kernels"] == [other, now]  # same kernels
+    assert record_start("tiny.seed1")["cpu_kernels"] == [other, now]  # same kernels
     assert len(messages) == 1
-    assert record_start(run_dir)["cpu_kernels"] == [other, now]  # a GPU job leaves them as they were
+    assert record_start()["cpu_kernels"] == [other, now]  # a GPU job leaves them as they were
 
 
 def test_truncated_checkpoint_last_resumes_from_the_newest_readable_checkpoint(trained, corpus, tmp_path):

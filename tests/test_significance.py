@@ -164,6 +164,10 @@ def test_cross_validation_summary_pairs_runs_by_fold():
     assert test["best"]["t"] == pytest.approx(ref.statistic)
     assert test["best"]["p_two_sided"] == pytest.approx(ref.pvalue)
     assert test["best"]["difference"] == pytest.approx(1.25) and test["last"]["difference"] == pytest.approx(-0.5)
+    corrected = stats.ttest_rel(best["mtsa_encoder"], best["multi_head_encoder"]).statistic * math.sqrt(
+        (1 / 4) / (1 / 4 + 1 / 3))  # Nadeau and Bengio: 4 folds, n_test/n_train = 1/3
+    assert test["best"]["corrected"]["t"] == pytest.approx(corrected)
+    assert test["best"]["corrected"]["test_train_ratio"] == pytest.approx(1 / 3)
     assert "error" in summary["welch_vs_reference"]["multi_head_encoder"]  # one seed: no t-test over seeds
     assert "| multi_head_encoder | 4 | 72.62 ± 3.35 | 80.25 ± 1.04 |" in report_markdown(summary)  # chosen first
     # a fold only one architecture has is left out of the pairing
@@ -171,36 +175,135 @@ def test_cross_validation_summary_pairs_runs_by_fold():
     assert summary["cross_validation"]["paired_vs_reference"]["multi_head_encoder"]["best"]["n"] == 3
 
 
+def _sacrebleu_test(h0, h1, refs, test_type, n, seed, monkeypatch):
+    """sacreBLEU's own paired test (its strict count) of h1 against h0: the system's p-value."""
+    with monkeypatch.context() as m:
+        m.setenv("SACREBLEU_SEED", str(seed))
+        _, scores = PairedTest(named_systems=[("baseline", h0), ("system", h1)],
+                               metrics={"BLEU": BLEU(references=[refs])}, references=None,
+                               test_type=test_type, n_samples=n)()
+    return scores["BLEU"][0].score, scores["BLEU"][1].score, scores["BLEU"][1].p_value
+
+
 def test_paired_tests_are_deterministic_and_match_sacrebleu(results, monkeypatch):
+    """The Moses-style bootstrap and approximate randomization are sacreBLEU's, on its own draws."""
     _, files = results
     base, mtsa = _load(files["base"][0]), _load(files["mtsa"][0])
     h0, h1 = _lines(files["base"][0], "hypotheses"), _lines(files["mtsa"][0], "hypotheses")
     refs = _lines(files["base"][0], "references")
     monkeypatch.delenv("SACREBLEU_SEED", raising=False)
-    for test_type, n in (("bs", 200), ("ar", 300)):
-        first = significance.paired_test(h0, h1, refs, test_type, n, seed=7)
-        assert significance.paired_test(h0, h1, refs, test_type, n, seed=7) == first
-        assert "SACREBLEU_SEED" not in os.environ
-        with monkeypatch.context() as m:
-            m.setenv("SACREBLEU_SEED", "7")
-            _, scores = PairedTest(named_systems=[("baseline", h0), ("system", h1)],
-                                   metrics={"BLEU": BLEU(references=[refs])}, references=None,
-                                   test_type=test_type, n_samples=n)()
-        assert first == (scores["BLEU"][0].score, scores["BLEU"][1].score, scores["BLEU"][1].p_value)
-        assert first[:2] == pytest.approx((base["bleu"]["sacrebleu"], mtsa["bleu"]["sacrebleu"]))
-        assert 0 < first[2] <= 1
+    first = significance.paired_tests(h0, h1, refs, bootstrap_samples=200, ar_samples=300, seed=7)
+    assert significance.paired_tests(h0, h1, refs, bootstrap_samples=200, ar_samples=300, seed=7) == first
+    assert "SACREBLEU_SEED" not in os.environ
+    for test_type, n, p in (("bs", 200, first.p_bootstrap_moses), ("ar", 300, first.p_ar)):
+        assert (first.baseline_bleu, first.system_bleu, p) == _sacrebleu_test(h0, h1, refs, test_type, n, 7,
+                                                                             monkeypatch)
+    assert (first.baseline_bleu, first.system_bleu) == pytest.approx((base["bleu"]["sacrebleu"],
+                                                                       mtsa["bleu"]["sacrebleu"]))
+    assert 0 < first.p_bootstrap_moses <= first.p_bootstrap_two_sided <= 1 and 0 < first.p_ar <= 1
 
 
-def test_identical_systems_get_p_one_where_sacrebleu_gives_its_smallest(results):
+def test_identical_systems_get_p_one_where_sacrebleu_gives_its_smallest(results, monkeypatch):
     """Ties count (Koehn 2004; Riezler and Maxwell 2005): a system compared with itself is never significant."""
     _, files = results
     h0, refs = _lines(files["base"][0], "hypotheses"), _lines(files["base"][0], "references")
+    same = significance.paired_tests(h0, list(h0), refs, bootstrap_samples=200, ar_samples=300, seed=7)
+    assert (same.p_bootstrap_two_sided, same.p_bootstrap_moses, same.p_ar) == (1.0, 1.0, 1.0)
     for test_type, n in (("bs", 200), ("ar", 300)):
-        assert significance.paired_test(h0, list(h0), refs, test_type, n, seed=7)[2] == 1.0
-        _, scores = PairedTest(named_systems=[("baseline", h0), ("system", list(h0))],
-                               metrics={"BLEU": BLEU(references=[refs])}, references=None,
-                               test_type=test_type, n_samples=n)()
-        assert scores["BLEU"][1].p_value == pytest.approx(1 / (n + 1))  # sacreBLEU's strict count
+        p = _sacrebleu_test(h0, list(h0), refs, test_type, n, 7, monkeypatch)[2]
+        assert p == pytest.approx(1 / (n + 1))  # sacreBLEU's strict count
+
+
+def _systems(n: int, shift: float, seed: int) -> tuple[list[str], list[str], list[str]]:
+    """Synthetic references and two systems' hypotheses: each word of a reference replaced by noise with a
+    per-sentence rate, the system's rate ``shift`` lower (a real difference for shift > 0)."""
+    rng = random.Random(seed)
+    vocabulary = [f"w{i}" for i in range(60)]
+    refs = [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(6, 14))) for _ in range(n)]
+    base, system = [], []
+    for line in refs:
+        rate = rng.uniform(0.2, 0.6)
+        base.append(" ".join(rng.choice(NOISE) if rng.random() < rate else w for w in line.split()))
+        system.append(" ".join(rng.choice(NOISE) if rng.random() < rate - shift else w for w in line.split()))
+    return base, system, refs
+
+
+def test_the_two_sided_bootstrap_agrees_with_approximate_randomization_and_moses_is_one_sided_like():
+    """On the same pairs the centred bootstrap's p and approximate randomization's agree within their sampling
+    error, while sacreBLEU's (Moses) bootstrap gives about half of either."""
+    n_bs = n_ar = 2000
+    for shift, seed in ((0.0, 1), (0.005, 3), (0.02, 2)):
+        base, system, refs = _systems(300, shift, seed)
+        tests = significance.paired_tests(base, system, refs, bootstrap_samples=n_bs, ar_samples=n_ar, seed=11)
+        p_bs, p_ar = tests.p_bootstrap_two_sided, tests.p_ar
+        assert 0.1 < p_ar < 0.9  # cases where the Moses bootstrap differs from both
+        error = 3 * math.sqrt(p_ar * (1 - p_ar) / n_ar + p_bs * (1 - p_bs) / n_bs)
+        assert abs(p_bs - p_ar) < error + 0.25 * p_ar  # sampling error, plus the tests' own small difference
+        assert tests.p_bootstrap_moses < 0.65 * p_bs
+
+
+def test_equivalence_is_two_one_sided_welch_tests():
+    test = significance.t_test(BASELINE, SYSTEM)
+    sides = (test.mean_baseline, test.std_baseline, 5, test.mean_system, test.std_system, 4)
+    result = significance.equivalence_test(*sides, 0.45)
+    lower = stats.ttest_ind([x + 0.45 for x in SYSTEM], BASELINE, equal_var=False, alternative="greater")
+    upper = stats.ttest_ind([x - 0.45 for x in SYSTEM], BASELINE, equal_var=False, alternative="less")
+    assert (result.p_lower, result.p_upper) == pytest.approx((lower.pvalue, upper.pvalue))
+    assert result.p == max(result.p_lower, result.p_upper) > 0.05  # a difference of 0.9: not equivalent
+    close = significance.equivalence_test(40.0, 0.1, 10, 40.05, 0.1, 10, 0.45)
+    assert close.p < 0.05 < stats.ttest_ind_from_stats(40.05, 0.1, 10, 40.0, 0.1, 10, equal_var=False).pvalue
+    with pytest.raises(ValueError, match="positive"):
+        significance.equivalence_test(*sides, 0.0)
+
+
+def test_the_detectable_difference_has_the_stated_power():
+    """At the detectable difference Welch's test rejects with probability 0.8 (noncentral t)."""
+    sd_a, sd_b, n = 0.41, 0.56, 6
+    delta = significance.detectable_difference(sd_a, n, sd_b, n)
+    se, df = significance.welch_se_df(sd_a, n, sd_b, n)
+    critical = stats.t.ppf(0.975, df)
+    assert stats.nct.sf(critical, df, delta / se) + stats.nct.cdf(-critical, df, delta / se) == pytest.approx(0.8)
+    assert 0.85 < delta < 0.95  # the Multi30k study's spread at the last checkpoint on test_2016_flickr
+    assert significance.detectable_difference(sd_a, 4 * n, sd_b, 4 * n) == pytest.approx(delta / 2, rel=0.15)
+    assert significance.detectable_difference(0.2, 3, 0.67, 3) > 1.5  # few runs, small df: no NaN from scipy
+
+
+def test_the_corrected_resampled_t_test_inflates_the_variance_of_the_folds():
+    """Nadeau and Bengio (2003): 10 folds, n_test/n_train = 1/9; the variance factor 1/10 + 1/9 replaces 1/10."""
+    baseline = [80.1, 78.4, 82.0, 79.5, 81.2, 80.0, 79.9, 81.5, 78.8, 80.6]
+    system = [81.0, 79.9, 82.4, 81.5, 81.1, 80.2, 81.3, 81.9, 79.0, 82.1]
+    naive = significance.paired_t_test(baseline, system)
+    corrected = significance.corrected_resampled_t_test(baseline, system, 1 / 9)
+    diff = np.subtract(system, baseline)
+    assert corrected.t == pytest.approx(diff.mean() / math.sqrt((1 / 10 + 1 / 9) * diff.var(ddof=1)))
+    assert corrected.df == naive.df == 9 and corrected.mean_difference == naive.mean_difference
+    assert corrected.p_two_sided == pytest.approx(2 * stats.t.sf(abs(corrected.t), 9))
+    assert naive.p_two_sided < corrected.p_two_sided
+    no_overlap = significance.corrected_resampled_t_test(baseline, system, 0.0)
+    assert no_overlap.p_two_sided == pytest.approx(naive.p_two_sided)
+
+
+def test_an_anchor_test_adds_the_figures_own_error():
+    values = [46.5, 45.8, 46.9]
+    plain = significance.anchor_test(values, 45.0)
+    assert plain.p_two_sided == pytest.approx(stats.ttest_1samp(values, 45.0).pvalue) and plain.df == 2
+    se = significance.binomial_se(45.0, 2210)
+    assert se == pytest.approx(100 * math.sqrt(0.45 * 0.55 / 2210)) and 1.05 < se < 1.07  # Kim's SST-5 test set
+    both = significance.anchor_test(values, 45.0, anchor_se=se, anchor_df=2209)
+    se2_mean = np.var(values, ddof=1) / 3
+    assert both.t == pytest.approx(plain.difference / math.sqrt(se2_mean + se**2))
+    assert both.df == pytest.approx((se2_mean + se**2) ** 2 / (se2_mean**2 / 2 + se**4 / 2209))
+    assert both.p_two_sided > 0.2 > 0.05 > plain.p_two_sided  # the figure's error is as large as the gap
+    folds = significance.anchor_test(values, 45.0, test_train_ratio=1 / 9)
+    assert folds.t == pytest.approx(plain.difference / math.sqrt((1 / 3 + 1 / 9) * np.var(values, ddof=1)))
+
+
+def test_holm_adjusts_step_down():
+    """Holm (1979) on the sentence page's five MTSA-vs-baseline p-values as the naive tests gave them."""
+    adjusted = significance.holm([0.488, 0.042, 0.090, 0.097, 0.004])
+    assert adjusted == pytest.approx([0.488, 0.168, 0.27, 0.27, 0.02])
+    assert [p < 0.05 for p in adjusted] == [False, False, False, False, True]  # only the smallest survives
+    assert significance.holm([0.5, 0.9]) == [1.0, 1.0] and significance.holm([]) == []
 
 
 def test_p_value_counts_ties_and_adds_one():
@@ -237,17 +340,31 @@ def test_table6_markdown(results):
     assert "| runs (Transformer / MTSA) |  | 3 / 3 | 2 / 2 |" in text
     assert "little power" in text and "Clark et al., 2011" in text
     assert "Unmatched seeds (skipped): Transformer 3; MTSA 4." in text
-    # per-seed rows equal sacrebleu's own paired tests on the same files
+    # per-seed rows: the two-sided bootstrap and approximate randomization on the same files
     group = comparison.groups[0]
     assert [r.seed for r in group.paired] == [1, 2]
     b, s = _load(files["base"][0]), _load(files["mtsa"][0])
     refs = _lines(files["base"][0], "references")
     h0, h1 = _lines(files["base"][0], "hypotheses"), _lines(files["mtsa"][0], "hypotheses")
-    p_bs = significance.paired_test(h0, h1, refs, "bs", 200, 3)[2]
-    p_ar = significance.paired_test(h0, h1, refs, "ar", 300, 3)[2]
-    row = (f"| 1 | {b['bleu']['sacrebleu']:.2f} | {s['bleu']['sacrebleu']:.2f} | {significance.format_p(p_bs)} | "
-           f"{significance.format_p(p_ar)} |")
-    assert row in text
+    tests = significance.paired_tests(h0, h1, refs, bootstrap_samples=200, ar_samples=300, seed=3)
+    row = (f"| 1 | {b['bleu']['sacrebleu']:.2f} | {s['bleu']['sacrebleu']:.2f} | "
+           f"{significance.format_p(tests.p_bootstrap_two_sided)} | {significance.format_p(tests.p_ar)} |")
+    assert row in text and "| seed | Transformer BLEU | MTSA BLEU | bootstrap p (two-sided) | AR p |" in text
+    assert "detectable difference (Welch, 80% power, two-sided α = 0.05)" in text
+    assert "equivalence within" not in text  # no margin given: no equivalence test
+    moses = significance.render_markdown(
+        significance.compare(files["base"], files["mtsa"], bootstrap="moses", bootstrap_samples=200, ar_samples=300,
+                             seed=3), ("Transformer", "MTSA"))
+    assert "bootstrap p (Moses, one-sided-like)" in moses and "one-sided-like) and approximate" in moses
+    summary = significance.comparison_to_json(comparison, ("Transformer", "MTSA"))
+    assert summary["bootstrap"] == "two-sided" and "one-sided-like" in summary["paired_tests"]["p_bootstrap_moses"]
+    assert summary["groups"][0]["paired"][0] == {"seed": 1, **vars(tests)} and summary["equivalence_margin"] is None
+    with_margin = significance.compare(files["base"], files["mtsa"], equivalence_margin=0.45, bootstrap_samples=50,
+                                       ar_samples=50, seed=3)
+    assert "| p-value (equivalence within ±0.45, two one-sided Welch t-tests) |" in significance.render_markdown(
+        with_margin, ("Transformer", "MTSA"))
+    assert significance.comparison_to_json(with_margin, ("T", "M"))["groups"][0]["equivalence"]["margin"] == 0.45
+    assert f"| {significance.format_p(tests.p_bootstrap_moses)} | {significance.format_p(tests.p_ar)} |" in moses
 
 
 @pytest.mark.slow

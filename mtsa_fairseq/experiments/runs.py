@@ -1,14 +1,18 @@
-"""Run records: ``run.json`` of each seed (contract 2), read tolerantly by the launcher, and what the launcher
-learns from a run directory (checkpoint updates, throughput in the log, interval snapshots)."""
+"""Run records: ``run.json`` of each seed (contract 2), read tolerantly by the launcher, what the launcher
+learns from a run directory (checkpoint updates, throughput in the log, interval snapshots), and the one lifecycle
+of a training session that the local launcher, the Slurm job and the sentence experiment share (:func:`session`):
+its start (resume point, earlier record, CPU kernels), its interruption or requeue, and its finish."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,27 +147,40 @@ def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
     return (record.get("num_updates") or 0) >= max_update or bool(record.get("early_stopped"))
 
 
-def record_interrupted(run_dir: Path, record: dict[str, Any], start: float) -> None:
-    """Write ``record`` as interrupted, adding the session begun at ``start`` (``time.monotonic()``), with
-    Ctrl-C and SIGTERM held back until it is written. Best effort: it runs while an interruption or a failure
-    propagates, which a full disk must not replace (the record then keeps its previous state, and the next
-    launch reads the checkpoints, not the record)."""
+def close_session(run_dir: Path, status: str = "interrupted", peak_rss_mb: float | None = None,
+                  **fields: Any) -> None:
+    """End the session that run.json says is running: ``status`` (interrupted, requeued, failed) and ``fields``,
+    the session's time (from its ``started_at``) added to ``wall_seconds``, its peak memory kept, with Ctrl-C and
+    SIGTERM held back until it is written. Best effort: it runs while an interruption or a failure propagates,
+    which a full disk must not replace (the record then keeps its previous state, and the next launch reads the
+    checkpoints, not the record)."""
+    path = Path(run_dir) / "run.json"
     try:
         with interruptions_held():
-            write_run(run_dir, {**record, "status": "interrupted",
-                                "wall_seconds": record["wall_seconds"] + time.monotonic() - start})
+            record = previous_run(run_dir)
+            if record is None:
+                return
+            started = record.pop("started_at", None)
+            if isinstance(started, (int, float)):
+                record["wall_seconds"] = round((record.get("wall_seconds") or 0.0) + time.time() - started, 3)
+            if peak_rss_mb is not None:
+                record["peak_rss_mb"] = round(max(peak_rss_mb, record.get("peak_rss_mb") or 0.0), 1)
+            write_run(run_dir, {**record, "status": status, **fields})
     except OSError as err:
-        print(f"warning: could not record the interruption in {Path(run_dir) / 'run.json'}: "
-              f"{err.strerror or err}", file=sys.stderr)
+        print(f"warning: could not record the interruption in {path}: {err.strerror or err}", file=sys.stderr)
 
 
-def finish_run(run_dir: Path, returncode: int, session_seconds: float, peak_rss_mb: float | None,
-               log: Callable[[str], None] = print, output: str = "") -> dict[str, Any]:
-    """Fill run.json after a training session: updates, throughput, time, averaging, status. A session whose
-    ``output`` has fairseq's early stop (``--patience``) is done before ``max_update``."""
+def finish_session(run_dir: Path, returncode: int, peak_rss_mb: float | None = None,
+                   log: Callable[[str], None] = print, output: str = "", trained: bool = True) -> dict[str, Any]:
+    """Fill run.json after the session it says is running: updates, throughput, time (none without ``trained``:
+    the checkpoint was found finished), averaging, status. A session whose ``output`` has fairseq's early stop
+    (``--patience``) is done before ``max_update``."""
     record = previous_run(run_dir)
     if record is None:
         raise LaunchError(f"{run_dir} has no run.json")
+    started = record.get("started_at")
+    session_seconds = time.time() - started if trained and isinstance(started, (int, float)) else 0.0
+    peak_rss_mb = None if peak_rss_mb is None else round(peak_rss_mb, 1)
     log_path = Path(run_dir) / "train.log"
     log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     updates = checkpoint_updates(Path(run_dir) / "checkpoint_last.pt")
@@ -223,28 +240,49 @@ def cpu_kernels_for_start(previous: dict[str, Any] | None, done: int, label: str
     return [*kernels, now]
 
 
-def record_start(run_dir: Path, cpu_label: str | None = None, log: Callable[[str], None] = print,
-                 **fields: Any) -> dict[str, Any]:
-    """Mark a run as running from now, with more ``fields`` (a Slurm job calls this before fairseq-train). A CPU
-    run (``cpu_label``: its name in messages) records its kernels per start, as the local launchers do, and
-    ``log``s a resume under other kernels."""
-    record = previous_run(run_dir)
-    if record is None:
+@dataclass
+class Session:
+    """A training session :func:`session` has started: run.json as written at its start."""
+
+    run_dir: Path
+    record: dict[str, Any]
+    log: Callable[[str], None]
+
+    @property
+    def resumed_from(self) -> int:
+        """The update the session starts from (fairseq resumes from ``checkpoint_last.pt``)."""
+        return self.record["resumed_from_updates"]
+
+    def finish(self, returncode: int, peak_rss_mb: float | None = None, output: str = "",
+               trained: bool = True) -> dict[str, Any]:
+        """:func:`finish_session`: the finished record."""
+        return finish_session(self.run_dir, returncode, peak_rss_mb, self.log, output, trained)
+
+
+@contextlib.contextmanager
+def session(run_dir: Path, base: dict[str, Any] | None, label: str, log: Callable[[str], None] = print,
+            cpu: bool = False, log_name: str = "train.log", **fields: Any) -> Iterator[Session]:
+    """Record a training session of ``run_dir`` as running, for the block it guards: the update it resumes from
+    (an unreadable ``checkpoint_last.pt`` repaired first, :func:`resume_point`), ``base`` (the launcher's record;
+    None: the one run.json holds, as a Slurm job finds it) with ``fields``, the time and peak memory of the earlier
+    sessions, and on CPU the kernels per start (:func:`cpu_kernels_for_start`). ``label`` names the run in what it
+    ``log``s. An exception leaving the block records the session interrupted (:func:`close_session`) and
+    propagates; the block ends it with :meth:`Session.finish` or :func:`close_session`."""
+    run_dir = Path(run_dir)
+    done, repair = resume_point(run_dir, lambda line: log(f"{label}: {line}"))
+    previous = previous_run(run_dir)
+    if base is None and previous is None:
         raise LaunchError(f"{run_dir} has no run.json")
-    done = checkpoint_updates(Path(run_dir) / "checkpoint_last.pt") or 0
-    if cpu_label is not None:
-        record["cpu_kernels"] = cpu_kernels_for_start(record, done, cpu_label, log)
-    record.update(status="running", started_at=time.time(), **fields, resumed_from_updates=done)
+    record = {**(previous if base is None else base), **fields, **repair, "status": "running",
+              "started_at": time.time(), "resumed_from_updates": done,
+              "wall_seconds": carried_seconds(previous, run_dir / log_name),
+              "peak_rss_mb": (previous or {}).get("peak_rss_mb")}
+    if cpu:
+        record["cpu_kernels"] = cpu_kernels_for_start(previous, done, label, log)
     write_run(run_dir, record)
-    return record
-
-
-def record_finish(run_dir: Path, returncode: int, log: Callable[[str], None] = print, output: str = "",
-                  peak_rss_mb: float | None = None) -> dict[str, Any]:
-    """Fill run.json after a session begun by :func:`record_start`."""
-    record = previous_run(run_dir)
-    if record is None:
-        raise LaunchError(f"{run_dir} has no run.json")
-    started = record.get("started_at")
-    peak = None if peak_rss_mb is None else round(peak_rss_mb, 1)
-    return finish_run(run_dir, returncode, time.time() - started if started else 0.0, peak, log, output)
+    try:
+        yield Session(run_dir, record, log)
+    except BaseException:
+        if (previous_run(run_dir) or {}).get("status") == "running":
+            close_session(run_dir)
+        raise

@@ -7,24 +7,27 @@ by the results' ``setup`` and ``test_set`` (e.g. setup1 and setup2 of the MTSA p
   Welch-Satterthwaite degrees of freedom) or Student's pooled-variance t-test on the per-run BLEU values.
   The statistic and degrees of freedom are computed here; p-values come from ``scipy.stats.t``, two-sided
   and one-sided for the alternative "system > baseline". Means and sample standard deviations (ddof=1)
-  are reported; a t-test needs at least two runs per system, and with few runs it has little power.
-* Over sentences, for each pair of runs trained with the same seed: sacreBLEU's paired bootstrap
-  resampling (Koehn 2004) and paired approximate randomization (Riezler and Maxwell 2005), both
-  two-sided, with sacreBLEU's default BLEU on the hypotheses files against the references (whatever
-  metric the runs are compared on), sampled from a fixed seed (``SACREBLEU_SEED``) so the p-values are
-  reproducible. sacreBLEU's resampling is used as it is; only its count is corrected: a resample counts
-  when its statistic is at least as extreme as the observed one, ties included, and p = (count + 1) /
-  (samples + 1) (the add-one convention of Koehn 2004 and Riezler and Maxwell 2005). sacreBLEU counts
-  strictly larger statistics only, which gives two identical systems its smallest p-value; here they get
-  p = 1. A run whose hypotheses no longer give the sacreBLEU recorded in its result file is refused.
+  are reported; a t-test needs at least two runs per system, and with few runs it has little power. Beside
+  it: the smallest difference Welch's two-sided test (alpha 0.05) detects with 80% power at the runs'
+  standard deviations (:func:`detectable_difference`), and with ``equivalence_margin`` M the equivalence
+  test of two one-sided Welch t-tests against -M and +M (:func:`equivalence_test`).
+* Over sentences, for each pair of runs trained with the same seed (:func:`paired_tests`), on sacreBLEU's
+  BLEU sufficient statistics of the hypotheses files against the references (sacreBLEU's default BLEU,
+  whatever metric the runs are compared on) and sacreBLEU's random draws from a fixed seed, so the
+  p-values are reproducible: the paired bootstrap (Koehn 2004) on sacreBLEU's resamples, centred and
+  two-sided (p from |d* - mean d*| >= |d|, d* the resampled difference system - baseline), and as
+  sacreBLEU and Moses compute it (|d*| - mean |d*| >= |d|, which behaves like a one-sided test: about half
+  the two-sided p); paired approximate randomization (Riezler and Maxwell 2005), two-sided, on
+  sacreBLEU's swaps. Every count includes ties and p = (count + 1) / (samples + 1) (the add-one
+  convention of Koehn 2004 and Riezler and Maxwell 2005), so two identical systems get p = 1 (sacreBLEU
+  counts strictly larger statistics only, which gives them its smallest p). A run whose hypotheses no
+  longer give the sacreBLEU recorded in its result file is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,11 @@ from mtsa_fairseq.contracts import BLEU_METRICS, RESULT_SCHEMA, read_json, read_
 from mtsa_fairseq.experiments.plotting import pyplot
 
 TESTS = ("welch", "student")
+BOOTSTRAPS = {"two-sided": "centred, two-sided", "moses": "as sacreBLEU and Moses compute it, one-sided-like"}
+PAIRED_TESTS = {"p_bootstrap_two_sided": f"paired bootstrap, {BOOTSTRAPS['two-sided']}",
+                "p_bootstrap_moses": f"paired bootstrap, {BOOTSTRAPS['moses']}",
+                "p_ar": "paired approximate randomization, two-sided"}
+POWER, ALPHA = 0.8, 0.05  # of the detectable difference: 80% power, two-sided alpha 0.05
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}
 METRIC_NAMES = {"sacrebleu": "sacreBLEU", "tokenized_compound_split": "tokenized compound-split BLEU",
                 "t2t_intl": "t2t-bleu (intl, cased)"}
@@ -131,10 +139,9 @@ def t_test(baseline: Sequence[float], system: Sequence[float], test: str = "welc
     var_a, var_b = a.var(ddof=1), b.var(ddof=1)
     if var_a == 0 and var_b == 0:
         raise SignificanceError("every run of both systems has the same BLEU: the t statistic is undefined")
-    if test == "welch":  # Welch-Satterthwaite
-        se2_a, se2_b = var_a / n_a, var_b / n_b
-        se2 = se2_a + se2_b
-        df = se2**2 / (se2_a**2 / (n_a - 1) + se2_b**2 / (n_b - 1))
+    if test == "welch":
+        se, df = welch_se_df(math.sqrt(var_a), n_a, math.sqrt(var_b), n_b)
+        se2 = se**2
     else:  # pooled variance
         df = n_a + n_b - 2
         se2 = ((n_a - 1) * var_a + (n_b - 1) * var_b) / df * (1 / n_a + 1 / n_b)
@@ -144,6 +151,57 @@ def t_test(baseline: Sequence[float], system: Sequence[float], test: str = "welc
         std_baseline=float(math.sqrt(var_a)), std_system=float(math.sqrt(var_b)), t=float(t), df=float(df),
         p_two_sided=float(2 * stats.t.sf(abs(t), df)), p_greater=float(stats.t.sf(t, df)),
     )
+
+
+def welch_se_df(sd_a: float, n_a: int, sd_b: float, n_b: int) -> tuple[float, float]:
+    """The standard error of a difference of two means and its Welch-Satterthwaite degrees of freedom."""
+    se2_a, se2_b = sd_a**2 / n_a, sd_b**2 / n_b
+    return math.sqrt(se2_a + se2_b), (se2_a + se2_b) ** 2 / (se2_a**2 / (n_a - 1) + se2_b**2 / (n_b - 1))
+
+
+def detectable_difference(sd_a: float, n_a: int, sd_b: float, n_b: int, power: float = POWER,
+                          alpha: float = ALPHA) -> float:
+    """The smallest |difference of means| that Welch's two-sided test at ``alpha`` detects with probability
+    ``power``, for samples of these sizes and standard deviations (noncentral t, Welch-Satterthwaite df)."""
+    from scipy import optimize, stats
+
+    se, df = welch_se_df(sd_a, n_a, sd_b, n_b)
+    critical = stats.t.ppf(1 - alpha / 2, df)
+
+    def shortfall(nc: float) -> float:
+        # the lower tail P(T < -critical) as sf at -nc: scipy's nct.cdf there can be NaN for large nc
+        return stats.nct.sf(critical, df, nc) + stats.nct.sf(critical, df, -nc) - power
+
+    high = critical + 1.0
+    while shortfall(high) < 0:
+        high *= 2
+    return float(optimize.brentq(shortfall, 0.0, high) * se)
+
+
+@dataclass(frozen=True)
+class EquivalenceResult:
+    """Two one-sided Welch t-tests (TOST, Schuirmann 1987) of |mean(system) - mean(baseline)| < ``margin``:
+    ``p_lower`` against a difference <= -margin, ``p_upper`` against one >= +margin; ``p`` is the larger, and
+    p < alpha shows equivalence at level alpha (the 1 - 2 alpha interval lies within ±margin)."""
+
+    margin: float
+    p_lower: float
+    p_upper: float
+    p: float
+
+
+def equivalence_test(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int,
+                     margin: float) -> EquivalenceResult:
+    """TOST of sample b (system) against sample a (baseline) from their means, sds (ddof=1) and sizes."""
+    from scipy import stats
+
+    if not margin > 0:
+        raise ValueError(f"the equivalence margin must be positive, got {margin}")
+    lower = stats.ttest_ind_from_stats(mean_b + margin, sd_b, n_b, mean_a, sd_a, n_a, equal_var=False,
+                                       alternative="greater").pvalue
+    upper = stats.ttest_ind_from_stats(mean_b - margin, sd_b, n_b, mean_a, sd_a, n_a, equal_var=False,
+                                       alternative="less").pvalue
+    return EquivalenceResult(margin=margin, p_lower=float(lower), p_upper=float(upper), p=float(max(lower, upper)))
 
 
 @dataclass(frozen=True)
@@ -178,57 +236,124 @@ def paired_t_test(baseline: Sequence[float], system: Sequence[float]) -> PairedT
                              t=t, df=df, p_two_sided=float(result.pvalue), p_greater=float(stats.t.sf(t, df)))
 
 
+def corrected_resampled_t_test(baseline: Sequence[float], system: Sequence[float],
+                               test_train_ratio: float) -> PairedTTestResult:
+    """Nadeau and Bengio's (2003) corrected resampled t-test of the differences ``system - baseline`` over J
+    resampled train/test splits (e.g. the k folds of a cross-validation: ``test_train_ratio`` 1/(k - 1)): as the
+    splits' training sets overlap, the variance of the mean difference is (1/J + n_test/n_train) s², not s²/J;
+    J - 1 degrees of freedom. ``p_greater`` is for the alternative system > baseline."""
+    from scipy import stats
+
+    naive = paired_t_test(baseline, system)
+    t = naive.t * math.sqrt((1 / naive.n) / (1 / naive.n + test_train_ratio))
+    return PairedTTestResult(n=naive.n, mean_difference=naive.mean_difference, std_difference=naive.std_difference,
+                             t=t, df=naive.df, p_two_sided=float(2 * stats.t.sf(abs(t), naive.df)),
+                             p_greater=float(stats.t.sf(t, naive.df)))
+
+
+@dataclass(frozen=True)
+class AnchorTestResult:
+    """A one-sample test of a mean against a published figure; ``p_greater`` for the alternative mean > figure."""
+
+    n: int
+    difference: float
+    t: float
+    df: float
+    p_two_sided: float
+    p_greater: float
+
+
+def anchor_test(values: Sequence[float], anchor: float, *, test_train_ratio: float = 0.0, anchor_se: float = 0.0,
+                anchor_df: float = math.inf) -> AnchorTestResult:
+    """The t-test of mean(values) - ``anchor``: the mean's squared standard error (1/n + ``test_train_ratio``) s²
+    (Nadeau and Bengio's correction for cross-validation folds; 0: the plain one-sample t-test) plus the anchor's
+    own, ``anchor_se``², with Welch-Satterthwaite degrees of freedom (the anchor's ``anchor_df``)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < 2 or x.std() == 0:
+        raise SignificanceError(f"a one-sample t-test needs at least 2 different values, got {list(values)}")
+    se2_mean, se2_anchor = (1 / n + test_train_ratio) * x.var(ddof=1), anchor_se**2
+    df = (se2_mean + se2_anchor) ** 2 / (se2_mean**2 / (n - 1) + se2_anchor**2 / anchor_df)
+    t = (x.mean() - anchor) / math.sqrt(se2_mean + se2_anchor)
+    return AnchorTestResult(n=n, difference=float(x.mean() - anchor), t=float(t), df=float(df),
+                            p_two_sided=float(2 * stats.t.sf(abs(t), df)), p_greater=float(stats.t.sf(t, df)))
+
+
+def binomial_se(accuracy: float, n: int) -> float:
+    """The standard error of an accuracy in percent measured on ``n`` test items: 100 sqrt(p (1 - p) / n)."""
+    p = accuracy / 100
+    return 100 * math.sqrt(p * (1 - p) / n)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's (1979) step-down adjusted p-values, in the order given: the i-th smallest p times (m - i + 1), made
+    non-decreasing, at most 1; a test is rejected at family-wise level alpha when its adjusted p < alpha."""
+    order = np.argsort(p_values, kind="stable")
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * float(p_values[index])))
+        adjusted[index] = running
+    return adjusted
+
+
+def t_interval(difference: float, t: float, df: float, level: float = 0.95) -> tuple[float, float]:
+    """The confidence interval of a t-test's ``difference`` from its statistic and degrees of freedom: the
+    difference ± t_{(1+level)/2, df} times its standard error difference / t."""
+    from scipy import stats
+
+    half = stats.t.ppf((1 + level) / 2, df) * abs(difference / t)
+    return difference - half, difference + half
+
+
 def p_value_ties_count(stats: np.ndarray, observed: float) -> float:
     """(resampled statistics at least as extreme as the observed one, + 1) / (resamples + 1)."""
     return (int(np.sum(stats >= observed)) + 1) / (len(stats) + 1)
 
 
-@contextlib.contextmanager
-def _ties_count() -> Iterator[None]:
-    """sacreBLEU's paired tests with :func:`p_value_ties_count` in place of its strict count."""
-    import sacrebleu.significance as sacrebleu_significance
+@dataclass(frozen=True)
+class PairedTests:
+    """The paired tests over sentences of two runs on one test set: both runs' sacreBLEU and the p-values
+    (:data:`PAIRED_TESTS`)."""
 
-    strict = sacrebleu_significance._compute_p_value
-    sacrebleu_significance._compute_p_value = p_value_ties_count
-    try:
-        yield
-    finally:
-        sacrebleu_significance._compute_p_value = strict
-
-
-@contextlib.contextmanager
-def _sacrebleu_seed(seed: int) -> Iterator[None]:
-    old = os.environ.get("SACREBLEU_SEED")
-    os.environ["SACREBLEU_SEED"] = str(seed)
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["SACREBLEU_SEED"]
-        else:
-            os.environ["SACREBLEU_SEED"] = old
+    baseline_bleu: float
+    system_bleu: float
+    p_bootstrap_two_sided: float
+    p_bootstrap_moses: float
+    p_ar: float
 
 
-def paired_test(
-    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], test_type: str, n_samples: int, seed: int
-) -> tuple[float, float, float]:
-    """sacreBLEU's paired test (``"bs"`` bootstrap or ``"ar"`` approximate randomization), ties counted.
-
-    Returns (baseline BLEU, system BLEU, two-sided p-value). ``seed`` must be positive (sacreBLEU treats 0
-    as "unseeded").
-    """
+def paired_tests(baseline: Sequence[str], system: Sequence[str], references: Sequence[str], *,
+                 bootstrap_samples: int, ar_samples: int, seed: int) -> PairedTests:
+    """Both paired bootstraps on sacreBLEU's resamples (``default_rng(seed).choice(n, (samples, n))``) and
+    approximate randomization on its swaps (``default_rng(seed).integers(2, (trials, n))``), ties counted.
+    ``seed`` must be positive (sacreBLEU treats 0 as "unseeded")."""
     from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
 
     if seed < 1:
         raise ValueError("the sampling seed must be a positive integer")
-    with _sacrebleu_seed(seed), _ties_count():
-        paired = PairedTest(named_systems=[("baseline", list(baseline)), ("system", list(system))],
-                            metrics={"BLEU": BLEU(references=[list(references)])}, references=None,
-                            test_type=test_type, n_samples=n_samples)
-        _, scores = paired()
-    base, sys_ = scores["BLEU"]
-    return float(base.score), float(sys_.score), float(sys_.p_value)
+    metric = BLEU(references=[list(references)])
+    base, sys_ = (np.array(metric._extract_corpus_statistics(list(hyps), None), dtype=np.int64)
+                  for hyps in (baseline, system))
+    n = len(base)
+
+    def bleu(totals: np.ndarray) -> np.ndarray:
+        return np.array([metric._compute_score_from_stats(row.tolist()).score for row in totals])
+
+    bleu_base, bleu_sys = bleu(np.stack([base.sum(0), sys_.sum(0)]))
+    observed = abs(bleu_sys - bleu_base)
+    draws = np.random.default_rng(seed).choice(n, size=(bootstrap_samples, n), replace=True)
+    counts = np.stack([np.bincount(row, minlength=n) for row in draws])
+    deltas = bleu(counts @ sys_) - bleu(counts @ base)
+    swap = np.random.default_rng(seed).integers(2, size=(ar_samples, n), dtype=bool)
+    shuffled = bleu(swap @ base + ~swap @ sys_) - bleu(~swap @ base + swap @ sys_)
+    return PairedTests(
+        baseline_bleu=float(bleu_base), system_bleu=float(bleu_sys),
+        p_bootstrap_two_sided=p_value_ties_count(np.abs(deltas - deltas.mean()), observed),
+        p_bootstrap_moses=p_value_ties_count(np.abs(deltas) - np.abs(deltas).mean(), observed),
+        p_ar=p_value_ties_count(np.abs(shuffled), observed),
+    )
 
 
 @dataclass(frozen=True)
@@ -236,10 +361,7 @@ class PairedResult:
     """Paired tests for one seed trained in both systems."""
 
     seed: int
-    baseline_bleu: float
-    system_bleu: float
-    p_bootstrap: float
-    p_ar: float
+    tests: PairedTests
 
 
 @dataclass
@@ -251,6 +373,8 @@ class GroupComparison:
     baseline: list[RunResult]
     system: list[RunResult]
     ttest: TTestResult
+    detectable: float
+    equivalence: EquivalenceResult | None
     paired: list[PairedResult]
     unmatched_baseline: list[int | None]
     unmatched_system: list[int | None]
@@ -268,6 +392,8 @@ class Comparison:
     metric: str
     test: str
     signature: str
+    bootstrap: str
+    equivalence_margin: float | None
     bootstrap_samples: int
     ar_samples: int
     seed: int
@@ -325,11 +451,16 @@ def compare(
     *,
     metric: str = "sacrebleu",
     test: str = "welch",
+    bootstrap: str = "two-sided",
+    equivalence_margin: float | None = None,
     bootstrap_samples: int = 1000,
     ar_samples: int = 10000,
     seed: int = 12345,
 ) -> Comparison:
-    """Load, check and compare; raises ``SignificanceError`` on bad input before any test runs."""
+    """Load, check and compare; raises ``SignificanceError`` on bad input before any test runs. ``bootstrap``
+    (one of :data:`BOOTSTRAPS`) is the paired bootstrap the Markdown report shows (the JSON holds both)."""
+    if bootstrap not in BOOTSTRAPS:
+        raise ValueError(f"unknown bootstrap {bootstrap!r}, expected one of {', '.join(BOOTSTRAPS)}")
     if metric not in BLEU_METRICS:
         raise SignificanceError(f"unknown metric {metric!r}, expected one of {', '.join(BLEU_METRICS)}")
     cache: dict[Path, list[str]] = {}
@@ -346,27 +477,32 @@ def compare(
     comparisons = []
     for (setup, test_set), (base_runs, sys_runs) in groups.items():
         stats = t_test([r.bleu[metric] for r in base_runs], [r.bleu[metric] for r in sys_runs], test)
+        sides = ((stats.mean_baseline, stats.std_baseline, stats.n_baseline),
+                 (stats.mean_system, stats.std_system, stats.n_system))
+        equivalence = None if equivalence_margin is None else equivalence_test(*sides[0], *sides[1],
+                                                                               equivalence_margin)
         by_seed = {r.seed: r for r in sys_runs if r.seed is not None}
         base_seeds = {r.seed for r in base_runs if r.seed is not None}
         paired = []
         for run in sorted((r for r in base_runs if r.seed in by_seed), key=lambda r: r.seed):
             other = by_seed[run.seed]
-            bleu_a, bleu_b, p_bs = paired_test(run.hypotheses, other.hypotheses, run.references, "bs",
-                                               bootstrap_samples, seed)
-            _, _, p_ar = paired_test(run.hypotheses, other.hypotheses, run.references, "ar", ar_samples, seed)
-            for result, score in ((run, bleu_a), (other, bleu_b)):
+            tests = paired_tests(run.hypotheses, other.hypotheses, run.references,
+                                 bootstrap_samples=bootstrap_samples, ar_samples=ar_samples, seed=seed)
+            for result, score in ((run, tests.baseline_bleu), (other, tests.system_bleu)):
                 recorded = result.bleu.get("sacrebleu")
                 if isinstance(recorded, (int, float)) and abs(recorded - score) > 0.01:
                     raise SignificanceError(f"{result.path}: its hypotheses give sacreBLEU {score:.2f}, the file "
                                             f"records {recorded:.2f} (changed since scoring?)")
-            paired.append(PairedResult(run.seed, bleu_a, bleu_b, p_bs, p_ar))
+            paired.append(PairedResult(run.seed, tests))
         comparisons.append(GroupComparison(
-            setup=setup, test_set=test_set, baseline=base_runs, system=sys_runs, ttest=stats, paired=paired,
+            setup=setup, test_set=test_set, baseline=base_runs, system=sys_runs, ttest=stats,
+            detectable=detectable_difference(*sides[0][1:], *sides[1][1:]), equivalence=equivalence, paired=paired,
             unmatched_baseline=sorted((r.seed for r in base_runs if r.seed not in by_seed), key=_seed_key),
             unmatched_system=sorted((r.seed for r in sys_runs if r.seed not in base_seeds), key=_seed_key),
         ))
-    return Comparison(groups=comparisons, metric=metric, test=test, signature=signatures[0],
-                      bootstrap_samples=bootstrap_samples, ar_samples=ar_samples, seed=seed)
+    return Comparison(groups=comparisons, metric=metric, test=test, signature=signatures[0], bootstrap=bootstrap,
+                      equivalence_margin=equivalence_margin, bootstrap_samples=bootstrap_samples,
+                      ar_samples=ar_samples, seed=seed)
 
 
 def _seed_key(seed: int | None) -> tuple[bool, int]:
@@ -418,25 +554,34 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
         row([f"p-value ({test}, two-sided)", "", *(format_p(g.ttest.p_two_sided) for g in groups)]),
         row(["t (degrees of freedom)", "", *(f"{g.ttest.t:.2f} ({g.ttest.df:.1f})" for g in groups)]),
         row([f"runs ({base} / {sys_})", "", *(f"{g.ttest.n_baseline} / {g.ttest.n_system}" for g in groups)]),
-        "",
-        "With this few runs per system the t-test has little power: a large p-value is no evidence that the systems "
-        "are equal (Clark et al., 2011).",
+        row([f"detectable difference (Welch, {POWER:.0%} power, two-sided α = {ALPHA})", "",
+             *(f"{g.detectable:.2f}" for g in groups)]),
     ]
+    if comparison.equivalence_margin is not None:
+        lines.append(row([f"p-value (equivalence within ±{comparison.equivalence_margin:g}, two one-sided Welch "
+                          "t-tests)", "", *(format_p(g.equivalence.p) for g in groups)]))
+    lines += [
+        "",
+        "With few runs per system the t-test has little power: a large p-value is no evidence that the systems "
+        "are equal (Clark et al., 2011); only the equivalence test (p < 0.05) shows a difference within its margin.",
+    ]
+    bootstrap_column = {"two-sided": "bootstrap p (two-sided)", "moses": "bootstrap p (Moses, one-sided-like)"}
+    bootstrap_field = {"two-sided": "p_bootstrap_two_sided", "moses": "p_bootstrap_moses"}[comparison.bootstrap]
     for g in groups:
         lines += [
             "",
             f"### {g.label}: paired tests per seed",
             "",
             f"sacreBLEU of the two runs trained with the same seed; paired bootstrap resampling "
-            f"({comparison.bootstrap_samples} resamples) and approximate randomization ({comparison.ar_samples} "
-            f"trials), two-sided, sampling seed {comparison.seed}.",
+            f"({comparison.bootstrap_samples} resamples, {BOOTSTRAPS[comparison.bootstrap]}) and approximate "
+            f"randomization ({comparison.ar_samples} trials, two-sided), sampling seed {comparison.seed}.",
             "",
         ]
         if g.paired:
-            lines += [row(["seed", f"{base} BLEU", f"{sys_} BLEU", "bootstrap p", "AR p"]),
+            lines += [row(["seed", f"{base} BLEU", f"{sys_} BLEU", bootstrap_column[comparison.bootstrap], "AR p"]),
                       row(["---:"] * 5)]
-            lines += [row([str(p.seed), f"{p.baseline_bleu:.2f}", f"{p.system_bleu:.2f}", format_p(p.p_bootstrap),
-                           format_p(p.p_ar)]) for p in g.paired]
+            lines += [row([str(p.seed), f"{p.tests.baseline_bleu:.2f}", f"{p.tests.system_bleu:.2f}",
+                           format_p(getattr(p.tests, bootstrap_field)), format_p(p.tests.p_ar)]) for p in g.paired]
         else:
             lines.append("No seed was trained in both systems: no paired tests.")
         if g.unmatched_baseline or g.unmatched_system:
@@ -460,6 +605,11 @@ def comparison_to_json(comparison: Comparison, names: tuple[str, str]) -> dict[s
         "metric": comparison.metric,
         "signature": comparison.signature,
         "test": comparison.test,
+        "bootstrap": comparison.bootstrap,
+        "paired_tests": PAIRED_TESTS,
+        "power": POWER,
+        "alpha": ALPHA,
+        "equivalence_margin": comparison.equivalence_margin,
         "bootstrap_samples": comparison.bootstrap_samples,
         "ar_samples": comparison.ar_samples,
         "seed": comparison.seed,
@@ -470,7 +620,9 @@ def comparison_to_json(comparison: Comparison, names: tuple[str, str]) -> dict[s
                 "baseline": side(g.baseline, names[0]),
                 "system": side(g.system, names[1]),
                 "t_test": vars(g.ttest),
-                "paired": [vars(p) for p in g.paired],
+                "detectable_difference": g.detectable,
+                "equivalence": None if g.equivalence is None else vars(g.equivalence),
+                "paired": [{"seed": p.seed, **vars(p.tests)} for p in g.paired],
                 "unmatched_seeds": {"baseline": g.unmatched_baseline, "system": g.unmatched_system},
             }
             for g in comparison.groups

@@ -8,13 +8,15 @@ summary (per architecture: the metric per seed, mean ± sd, Welch's t-test; ``me
 of the report, e.g. spearman or mse on SICK), cv (cross-validation: chosen, best (test-selected), last and the
 paired tests), runs (per run: the tested checkpoint as the run recorded it, its dev metric, the last
 validation), folds (per fold: chosen, best and last of every architecture), anchor (``value=NUMBER
-label=NAME``: one-sample t-tests of every architecture's numbers, per seed or per fold, against a published
-figure; ``metric=NAME`` as for summary), search (a search.json: per architecture the best dev metric at every
-rate and the rate the rule chose), curves (a curves JSON: every run's validation BLEU and loss per validated
-update), plateau (a curves JSON: the budget rule per run), study (a study.json: per test set, checkpoint kind
-and BLEU both systems' mean ± sd, the difference with its 95% confidence interval and Welch's test),
-study-paired (the paired tests per seed) and study-runs (per run: updates, time, throughput, validation and test
-BLEU).
+label=NAME``: one-sample t-tests of every architecture's numbers, per seed or per fold (corrected for the folds'
+shared training data), against a published figure, ``n=ITEMS`` adding the binomial standard error of an accuracy
+on that many test items; ``metric=NAME`` as for summary), search (a search.json: per architecture the best dev
+metric at every rate and the rate the rule chose), curves (a curves JSON: every run's validation BLEU and loss
+per validated update), plateau (a curves JSON: the budget rule per run), study (a study.json: per test set,
+checkpoint kind and BLEU both systems' mean ± sd, the difference with its 95% confidence interval, Welch's test,
+the equivalence test within ±``margin=M`` (default 0.45) and the difference detectable at 80% power),
+study-paired (the paired tests per seed: two-sided bootstrap, approximate randomization, Moses-style bootstrap)
+and study-runs (per run: updates, time, throughput, validation and test BLEU).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs
@@ -76,11 +78,21 @@ def render(document: Path) -> tuple[str, list[str]]:
         options: dict = {} if archs is None else {"archs": archs.split(",")}
         if kind in ("summary", "anchor") and "metric" in names:
             options["metric"] = names.pop("metric")
+        if kind == "study" and "margin" in names:
+            try:
+                options["margin"] = float(names.pop("margin"))
+            except ValueError:
+                raise TableError(f"{where}: margin= must be a number") from None
         if kind == "anchor":
             try:
                 options.update(value=float(names.pop("value")), label=names.pop("label"))
             except (KeyError, ValueError):
                 raise TableError(f"{where}: an anchor table needs value=NUMBER and label=NAME") from None
+            if "n" in names:
+                try:
+                    options["anchor_n"] = int(names.pop("n"))
+                except ValueError:
+                    raise TableError(f"{where}: n= must be a whole number of test items") from None
         try:
             report = json.loads(report_path.read_text(encoding="utf-8"))
             table = TABLES[kind](report, names, **options)

@@ -101,6 +101,7 @@ TESTS = ("test_2016_flickr", "test_2017_flickr")
 AVERAGED = 5  # epoch checkpoints averaged (fairseq's average_checkpoints.py --num-epoch-checkpoints 5)
 KINDS = {"last": "", "avg5": "_avg5"}  # checkpoint kind -> result file suffix
 STUDY_SCHEMA = "mtsa-fairseq.multi30k-study.v1"
+EQUIVALENCE_MARGIN = 0.45  # BLEU: the MTSA paper's gain (Table 6, Setup 1), the margin of the equivalence tests
 
 
 def raw_files(multi30k: Path) -> dict[str, tuple[Path, Path]]:
@@ -177,7 +178,8 @@ def significance(out: Path, seeds: list[int], kind: str, metric: str, stem: str,
              for role, config in comparison.configs.items()}
     reports = out / comparison.reports
     cmd = command("significance", "--baseline", *files["baseline"], "--system", *files["system"], "--names",
-                  comparison.names["baseline"], comparison.names["system"], "--metric", metric, "--markdown",
+                  comparison.names["baseline"], comparison.names["system"], "--metric", metric,
+                  "--equivalence-margin", str(EQUIVALENCE_MARGIN), "--markdown",
                   str(reports / f"{stem}.md"), "--json", str(reports / f"{stem}.json"), "--overwrite")
     if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
         sys.exit(f"error: the significance report {stem} failed")

@@ -1,9 +1,11 @@
 """Compare two systems' BLEU over training runs, as in the MTSA paper's Table 6.
 
 Reads result files of scripts/score.py, groups them by setup and test set, runs a t-test over runs
-(Welch's by default) and, for runs of both systems trained with the same seed, sacreBLEU's paired
-bootstrap and approximate randomization tests. Prints a Markdown report; optionally writes it, a JSON
-summary and a PNG plot. See mtsa_fairseq/experiments/significance.py.
+(Welch's by default) with the difference it detects at 80% power (and, with --equivalence-margin, an
+equivalence test) and, for runs of both systems trained with the same seed, the paired bootstrap
+(centred, two-sided; --bootstrap moses shows sacreBLEU's one-sided-like one instead) and approximate
+randomization on sacreBLEU's resamples. Prints a Markdown report; optionally writes it, a JSON summary
+(both bootstraps) and a PNG plot. See mtsa_fairseq/experiments/significance.py.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="t-test over runs: welch (unequal variances, default) or student (pooled variance)")
     parser.add_argument("--metric", choices=BLEU_METRICS, default="sacrebleu", help="BLEU value of the result files to "
                         "compare over runs (default: sacrebleu); paired tests always use sacreBLEU")
+    parser.add_argument("--bootstrap", choices=significance.BOOTSTRAPS, default="two-sided",
+                        help="the paired bootstrap the Markdown shows: two-sided (centred, default) or moses "
+                             "(sacreBLEU's, as Moses computes it: one-sided-like); the JSON holds both")
+    parser.add_argument("--equivalence-margin", type=float, metavar="M",
+                        help="also test equivalence: two one-sided Welch t-tests of |difference| < M (e.g. 0.45)")
     parser.add_argument("--bootstrap-samples", type=int, default=1000,
                         help="paired bootstrap resamples (default: 1000)")
     parser.add_argument("--ar-samples", type=int, default=10000,
@@ -52,6 +59,8 @@ def _main() -> None:
     for option in ("bootstrap_samples", "ar_samples", "seed"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be a positive integer")
+    if args.equivalence_margin is not None and not args.equivalence_margin > 0:
+        parser.error("--equivalence-margin must be a positive number")
     outputs = [p for p in (args.markdown, args.json, args.plot) if p is not None]
     if len({p.resolve() for p in outputs}) != len(outputs):
         parser.error("--markdown, --json and --plot must be different files")
@@ -62,7 +71,8 @@ def _main() -> None:
             parser.error(f"{path} exists (pass --overwrite to replace it)")
     try:
         comparison = significance.compare(
-            args.baseline, args.system, metric=args.metric, test=args.test,
+            args.baseline, args.system, metric=args.metric, test=args.test, bootstrap=args.bootstrap,
+            equivalence_margin=args.equivalence_margin,
             bootstrap_samples=args.bootstrap_samples, ar_samples=args.ar_samples, seed=args.seed,
         )
     except significance.SignificanceError as exc:

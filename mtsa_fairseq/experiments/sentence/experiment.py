@@ -17,7 +17,8 @@ into ``OUT/results/<arch>_seed<k>[_fold<f>].json``. Finished runs (result file p
 interrupted ones resume from ``checkpoint_last.pt``. The report gives each architecture's mean and standard
 deviation over seeds (for CV: per seed, the mean over folds) and Welch's t-test of the reference architecture
 against each other one; for CV also three held-out numbers over all runs (best checkpoint, update chosen on the
-other folds, last update) with paired t-tests over the folds (:func:`cross_validation`).
+other folds, last update) with paired t-tests over the folds, corrected for their overlapping training sets and
+naive (:func:`cross_validation`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,18 +45,16 @@ from mtsa_fairseq.experiments.fairseq_train import (
 from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged
-from mtsa_fairseq.experiments.runs import (
-    carried_seconds,
-    cpu_kernels_for_start,
-    finish_run,
-    is_done,
-    mean_train_wps,
-    previous_run,
-    record_interrupted,
-    resume_point,
-    write_run,
+from mtsa_fairseq.experiments.runs import Session, is_done, mean_train_wps, previous_run, session, write_run
+from mtsa_fairseq.experiments.significance import (
+    SignificanceError,
+    anchor_test,
+    binomial_se,
+    corrected_resampled_t_test,
+    paired_t_test,
+    t_interval,
+    t_test,
 )
-from mtsa_fairseq.experiments.significance import SignificanceError, paired_t_test, t_test
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 TASK_METRICS = ("accuracy", "pearson")
@@ -182,39 +180,30 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _execute(command: list[str], run_dir: Path, record: dict[str, Any], threads: int | None, lock: RunLock,
+def _execute(command: list[str], run_dir: Path, started: Session, threads: int | None, lock: RunLock,
              progress: UpdateProgress) -> dict[str, Any]:
-    """Train with ``run.json`` kept as the translation launcher keeps it (running, then done, failed or
-    interrupted, with time, updates, throughput and peak memory); returns the finished record."""
+    """Train in the session ``started`` (run.json kept as the translation launcher keeps it: running, then done,
+    failed or interrupted, with time, updates, throughput and peak memory); returns the finished record."""
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
     log_path = run_dir / "train.log"
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(command)}\n")
-    write_run(run_dir, record)
-    start = time.monotonic()
-    try:
-        code, peak_mb, output = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
-    except BaseException:
-        record_interrupted(run_dir, record, start)
-        raise
+    code, peak_mb, output = run_logged(command, log_path, env, lock, echo=False, on_line=progress)
     if code < 0:  # stopped by a signal: with --jobs > 1 the experiment's own SIGTERM or Ctrl-C arrives this way
-        record_interrupted(run_dir, record, start)
         raise ExperimentError(f"{run_dir}: fairseq-train stopped by signal {-code}; rerun to resume")
-    return finish_run(run_dir, code, time.monotonic() - start, round(peak_mb, 1), log=lambda _: None, output=output)
+    return started.finish(code, peak_mb, output)
 
 
-def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
-                done: int, previous: dict[str, Any], kernels: list[str]) -> dict[str, Any]:
-    """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records, and
-    ``cpu_kernels`` from :func:`~mtsa_fairseq.experiments.runs.cpu_kernels_for_start`)."""
+def _run_record(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path,
+                budget: int) -> dict[str, Any]:
+    """The run's ``run.json`` as training starts (schema and fields of the translation launcher's records; the
+    session's own fields come from :func:`~mtsa_fairseq.experiments.runs.session`)."""
     return {
         "schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
         "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
-        "data": str(data), "checkpoint": str(run_dir / "checkpoint_best.pt"), "num_updates": done,
-        "resumed_from_updates": done, "wall_seconds": carried_seconds(previous, run_dir / "train.log"),
-        "started_at": time.time(),
-        "train_target_tokens_per_second": None, "peak_rss_mb": previous.get("peak_rss_mb"), "max_update": budget,
-        "average_last": 0, "launcher": "local", "world_size": 1, "cpu_kernels": kernels,
+        "data": str(data), "checkpoint": str(run_dir / "checkpoint_best.pt"), "num_updates": None,
+        "train_target_tokens_per_second": None, "max_update": budget,
+        "average_last": 0, "launcher": "local", "world_size": 1,
     }
 
 
@@ -321,16 +310,15 @@ def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data
            threads: int | None, lock: RunLock, log: Callable[[str], None]) -> dict[str, Any]:
     """Train (or resume) the run to ``budget``; returns its finished record."""
     log(f"[experiment] {run.key}: training -> {run_dir}")
-    done, repair = resume_point(run_dir, log)
-    previous = previous_run(run_dir) or {}
-    kernels = cpu_kernels_for_start(previous, done, run.key, lambda line: log(f"[experiment] {line}"))
-    record = {**_run_record(config, run, run_dir, command, data, budget, done, previous, kernels), **repair}
-    if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one update more
-        log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
-        write_run(run_dir, record)
-        finished = finish_run(run_dir, 0, 0.0, None, log=lambda _: None)
-    else:
-        finished = _execute(command, run_dir, record, threads, lock, UpdateProgress(run.key, budget, done, write=log))
+    record = _run_record(config, run, run_dir, command, data, budget)
+    with session(run_dir, record, run.key, lambda line: log(f"[experiment] {line}"), cpu=True) as started:
+        done = started.resumed_from
+        if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one more update
+            log(f"[experiment] {run.key}: checkpoint_last.pt is at {done:,} updates already; evaluating it")
+            finished = started.finish(0, trained=False)
+        else:
+            finished = _execute(command, run_dir, started, threads, lock, UpdateProgress(run.key, budget, done,
+                                                                                         write=log))
     if finished["status"] != "done":
         raise ExperimentError(f"{run.key}: {finished['error']}")
     return finished
@@ -394,7 +382,9 @@ def cross_validation(config: TaskConfig, results: list[dict[str, Any]], referenc
     * ``last``: after the last update (no selection).
 
     Mean and sd over runs, and paired t-tests of ``reference`` against each other architecture over the runs
-    both have (matched by seed and fold). The metric is one to maximise (accuracy, as on every CV task)."""
+    both have (matched by seed and fold): naive, and under ``corrected`` Nadeau and Bengio's corrected resampled
+    t-test (test/train ratio 1/(k - 1) for k folds). The metric is one to maximise (accuracy, as on every CV
+    task)."""
     curves: dict[str, dict[tuple[int, int], dict[int, float]]] = {}
     runs: dict[str, dict[tuple[int, int], dict[str, float]]] = {}
     for result in results:
@@ -430,7 +420,16 @@ def cross_validation(config: TaskConfig, results: list[dict[str, Any]], referenc
                 continue
             tests[arch][kind] = {"n": stats.n, "difference": stats.mean_difference, "t": stats.t, "df": stats.df,
                                  "p_two_sided": stats.p_two_sided, "p_greater": stats.p_greater}
+            ratio = test_train_ratio(shared)
+            corrected = corrected_resampled_t_test([a for a, _ in pairs], [r for _, r in pairs], ratio)
+            tests[arch][kind]["corrected"] = {"test_train_ratio": ratio, "t": corrected.t,
+                                              "p_two_sided": corrected.p_two_sided, "p_greater": corrected.p_greater}
     return {"archs": archs, "paired_vs_reference": tests}
+
+
+def test_train_ratio(runs: Sequence[tuple[int, int]]) -> float:
+    """n_test / n_train of a k-fold cross-validation whose (seed, fold) ``runs`` name k folds: 1 / (k - 1)."""
+    return 1 / (len({fold for _, fold in runs}) - 1)
 
 
 def chosen_steps(curves: dict[tuple[int, int], dict[int, float]]) -> dict[tuple[int, int], int]:
@@ -497,7 +496,8 @@ def _with_metric(summary: dict[str, Any], metric: str | None) -> dict[str, Any]:
 def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
                   metric: str | None = None) -> list[str]:
     """Per architecture: the metric (default: the task's; else one of ``other_metrics``) per seed, mean ± sd, and
-    Welch's t-test of the reference against it (and each architecture's learning rate when a search chose them).
+    Welch's t-test of the reference against it with its 95% interval (and each architecture's learning rate when
+    a search chose them).
     The one-sided p is that of the reference being better: greater, or lower for a metric in LOWER_IS_BETTER."""
     summary = _with_metric(summary, metric)
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
@@ -505,18 +505,19 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
     rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
     lr_column = " lr |" if rates else ""
     lower = metric in LOWER_IS_BETTER
-    lines = [f"| architecture |{lr_column} seeds | {metric} per seed | mean ± sd | {ref} − it | t | df | "
-             f"p (two-sided) | p ({ref} {'<' if lower else '>'} it) |", "|---|" + "---|" * (9 if rates else 8)]
+    lines = [f"| architecture |{lr_column} seeds | {metric} per seed | mean ± sd | {ref} − it | 95% CI | t | df | "
+             f"p (two-sided) | p ({ref} {'<' if lower else '>'} it) |", "|---|" + "---|" * (10 if rates else 9)]
     for arch, row in summary["archs"].items():
         sd = "" if row["std"] is None else f" ± {row['std']:{f}}"
         values = ", ".join(f"{v:{f}}" for v in row["values"])
         test = summary["welch_vs_reference"].get(arch)
         if test is None:
-            cells = "— | — | — | — | —"
+            cells = "— | — | — | — | — | —"
         elif "error" in test:
-            cells = f"{test['error']} | | | |"
+            cells = f"{test['error']} | | | | |"
         else:
-            cells = (f"{test['difference']:+{f}} | {test['t']:.2f} | {test['df']:.1f} | {_p(test['p_two_sided'])} | "
+            cells = (f"{test['difference']:+{f}} | {_interval(test, test['t'], test['df'], f)} | {test['t']:.2f} | "
+                     f"{test['df']:.1f} | {_p(test['p_two_sided'])} | "
                      f"{_p(1 - test['p_greater'] if lower else test['p_greater'])}")
         lr = f" {rates[arch]:g} |" if rates else ""
         lines.append(f"| {name.get(arch, arch)} |{lr} {len(row['values'])} | {values} | {row['mean']:{f}}{sd} | "
@@ -524,13 +525,23 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
     return lines
 
 
+def _interval(test: dict[str, Any], t: float, df: float, f: str) -> str:
+    """The 95% confidence interval of a test's ``difference`` at its statistic ``t`` and ``df``."""
+    if t == 0:
+        return "—"
+    low, high = t_interval(test["difference"], t, df)
+    return f"{low:+{f}} to {high:+{f}}"
+
+
 def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """Per architecture: chosen, best (test-selected) and last held-out metric (mean ± sd over runs) and the
-    paired tests (and each architecture's learning rate when a search chose them)."""
+    paired tests: the difference, its 95% interval by the corrected resampled t-test, and the two-sided p of that
+    test, the naive paired one beside it (and each architecture's learning rate when a search chose them)."""
     cv, ref, f, name = summary["cross_validation"], summary["reference"], metric_format(summary["metric"]), names or {}
     rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
     lines = [f"| architecture |{' lr |' if rates else ''} runs | chosen | best (test-selected) | last | "
-             f"{name.get(ref, ref)} − it, chosen (p) | best (p) | last (p) |", "|---|" + "---|" * (8 if rates else 7)]
+             f"{name.get(ref, ref)} − it, chosen: corrected 95% CI (p: corrected; paired) | best | last |",
+             "|---|" + "---|" * (8 if rates else 7)]
     for arch, row in cv["archs"].items():
         cells = [name.get(arch, arch), *([f"{rates[arch]:g}"] if rates else []), str(row["runs"])]
         for kind in CV_KINDS:
@@ -543,7 +554,10 @@ def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None
             elif "error" in test[kind]:
                 cells.append(test[kind]["error"])
             else:
-                cells.append(f"{test[kind]['difference']:+{f}} ({_p(test[kind]['p_two_sided'])})")
+                corrected = test[kind]["corrected"]
+                interval = _interval(test[kind], corrected["t"], test[kind]["df"], f)
+                cells.append(f"{test[kind]['difference']:+{f}}: {interval} ({_p(corrected['p_two_sided'])}; "
+                             f"{_p(test[kind]['p_two_sided'])})")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -628,36 +642,54 @@ ANCHOR_KINDS = {"chosen": "chosen on the other folds", "best": "best (test-selec
 
 
 def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, value: float = 0.0,
-                 label: str = "anchor", metric: str | None = None) -> list[str]:
+                 label: str = "anchor", metric: str | None = None, anchor_n: int | None = None) -> list[str]:
     """One-sample t-tests of every architecture's numbers against a published figure ``value`` (``label``):
     the per-seed metric of a fixed split (default: the task's; else one of ``other_metrics``), or per fold the
     three held-out numbers of a cross-validation. The one-sided p is that of the mean being better than the
-    figure: greater, or lower for a metric in LOWER_IS_BETTER."""
-    from scipy import stats
-
+    figure: greater, or lower for a metric in LOWER_IS_BETTER. A cross-validation's test is Nadeau and Bengio's
+    corrected one; with ``anchor_n`` (an accuracy measured on that many test items) the test adds the figure's
+    binomial standard error (:func:`~mtsa_fairseq.experiments.significance.anchor_test`); either way the plain
+    one-sample t-test (folds independent, the figure exact) stands beside it."""
     summary = _with_metric(summary, metric)
     f, name = metric_format(summary["metric"]), names or {}
     lower = summary["metric"] in LOWER_IS_BETTER
+    cross_validation = "cross_validation" in summary
+    if anchor_n is not None and summary["metric"] != "accuracy":
+        raise ValueError(f"n={anchor_n}: a binomial standard error needs an accuracy, not {summary['metric']}")
     samples: list[tuple[str, str, list[float]]] = []
-    if "cross_validation" in summary:
-        for arch, runs in _runs_by_arch(summary).items():
+    ratio = 0.0
+    if cross_validation:
+        by_arch = _runs_by_arch(summary)
+        ratio = test_train_ratio([key for runs in by_arch.values() for key in runs])
+        for arch, runs in by_arch.items():
             numbers = held_out_numbers(summary, runs).values()
             samples += [(arch, title, [n[kind][0] for n in numbers if n[kind] is not None])
                         for kind, title in ANCHOR_KINDS.items()]
     else:
         samples = [(arch, "per seed", row["values"]) for arch, row in summary["archs"].items()]
-    lines = [f"| architecture | number | n | mean ± sd | {label} | mean − {label} | t | p (two-sided) | "
-             f"p (mean {'<' if lower else '>'} {label}) |", "|---|---|---|---|---|---|---|---|---|"]
+    error = {} if anchor_n is None else {"anchor_se": binomial_se(value, anchor_n), "anchor_df": anchor_n - 1}
+    lead = [*(["corrected"] if cross_validation else []),
+            *([f"{label} ± {error['anchor_se']:.2f} on {anchor_n:,} items"] if error else [])]
+    besides = {}  # the tests beside the leading one: the correction alone, and the plain one-sample t-test
+    if cross_validation and error:
+        besides["p (corrected, figure exact)"] = {"test_train_ratio": ratio}
+    if lead:
+        besides[f"p (naive: {'folds independent, ' if cross_validation else ''}figure exact)"] = {}
+    t_head = f"t ({'; '.join(lead)})" if lead else "t"
+    lines = [f"| architecture | number | n | mean ± sd | {label} | mean − {label} | {t_head} | p (two-sided) | "
+             f"p (mean {'<' if lower else '>'} {label}) |" + "".join(f" {head} |" for head in besides),
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(besides)]
     for arch, title, values in samples:
         mean = float(np.mean(values))
         sd = float(np.std(values, ddof=1)) if len(values) > 1 else None
         cells = f"{mean:{f}}" + ("" if sd is None else f" ± {sd:{f}}") + f" | {value:{f}} | {mean - value:+{f}}"
         if sd is None or sd == 0:
-            cells += " | — | — | —"  # one value, or no spread: no t-test
+            cells += " | —" * (3 + len(besides))  # one value, or no spread: no t-test
         else:
-            test = stats.ttest_1samp(values, value)
-            better = stats.ttest_1samp(values, value, alternative="less" if lower else "greater").pvalue
-            cells += f" | {test.statistic:.2f} | {_p(test.pvalue)} | {_p(better)}"
+            test = anchor_test(values, value, test_train_ratio=ratio, **error)
+            better = 1 - test.p_greater if lower else test.p_greater
+            cells += f" | {test.t:.2f} | {_p(test.p_two_sided)} | {_p(better)}" + "".join(
+                f" | {_p(anchor_test(values, value, **options).p_two_sided)}" for options in besides.values())
         lines.append(f"| {name.get(arch, arch)} | {title} | {len(values)} | {cells} |")
     return lines
 

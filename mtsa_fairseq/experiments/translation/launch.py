@@ -16,23 +16,13 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
-from mtsa_fairseq.experiments.runs import (
-    carried_seconds,
-    cpu_kernels_for_start,
-    finish_run,
-    is_done,
-    previous_run,
-    record_interrupted,
-    resume_point,
-    write_run,
-)
+from mtsa_fairseq.experiments.runs import carried_seconds, is_done, previous_run, session, write_run
 from mtsa_fairseq.experiments.translation import slurm
 from mtsa_fairseq.experiments.translation.plan import Plan, SeedRun
 
@@ -132,36 +122,24 @@ def _train(plan_: Plan, run: SeedRun, log: Callable[[str], None]) -> int:
         if is_done(previous, run.record["max_update"]):
             log(f"seed {run.seed}: done ({previous['num_updates']} updates), skipped")
             return 0
-        return _train_locked(plan_, run, previous, lock, log)
+        return _train_locked(plan_, run, lock, log)
 
 
-def _train_locked(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, lock: RunLock,
-                  log: Callable[[str], None]) -> int:
-    resumed_from, repair = resume_point(run.run_dir, lambda line: log(f"seed {run.seed}: {line}"))
-    previous = previous or {}
-    kernels: dict[str, Any] = {}
-    if plan_.cpu:
-        kernels["cpu_kernels"] = cpu_kernels_for_start(previous, resumed_from, f"seed {run.seed}", log)
-    record = {**run.record, "status": "running", "started_at": time.time(), "resumed_from_updates": resumed_from,
-              "wall_seconds": carried_seconds(previous, run.run_dir / run.log_name),
-              "peak_rss_mb": previous.get("peak_rss_mb"), **kernels, **repair}
-    write_run(run.run_dir, record)
-    if resumed_from >= record["max_update"]:  # fairseq finished but run.json was not filled in
-        log(f"seed {run.seed}: checkpoint_last.pt is at {resumed_from} updates already; recording the run")
-        return finish_run(run.run_dir, 0, 0.0, None, log)["status"] != "done"
-    what = f"resuming from update {resumed_from}" if resumed_from else "training"
-    log(f"seed {run.seed}: {what}: {shlex.join(run.command)}")
-    start = time.monotonic()
-    try:
-        progress = UpdateProgress(run.label, record["max_update"], resumed_from, write=to_stderr)
+def _train_locked(plan_: Plan, run: SeedRun, lock: RunLock, log: Callable[[str], None]) -> int:
+    label, max_update = f"seed {run.seed}", run.record["max_update"]
+    with session(run.run_dir, run.record, label, log, plan_.cpu, run.log_name) as started:
+        resumed_from = started.resumed_from
+        if resumed_from >= max_update:  # fairseq finished but run.json was not filled in
+            log(f"{label}: checkpoint_last.pt is at {resumed_from} updates already; recording the run")
+            return started.finish(0, trained=False)["status"] != "done"
+        what = f"resuming from update {resumed_from}" if resumed_from else "training"
+        log(f"{label}: {what}: {shlex.join(run.command)}")
+        progress = UpdateProgress(run.label, max_update, resumed_from, write=to_stderr)
         returncode, peak_mb, output = run_logged(run.command, run.run_dir / run.log_name, plan_.env, lock,
                                                  on_line=progress)
-    except BaseException:
-        record_interrupted(run.run_dir, record, start)
-        raise
     if resumed_from and "Loaded checkpoint" not in output:
-        log(f"warning: seed {run.seed}: fairseq did not report loading {run.run_dir / 'checkpoint_last.pt'}")
-    result = finish_run(run.run_dir, returncode, time.monotonic() - start, round(peak_mb, 1), log, output)
-    log(f"seed {run.seed}: {result['status']} at {result['num_updates']} updates"
+        log(f"warning: {label}: fairseq did not report loading {run.run_dir / 'checkpoint_last.pt'}")
+    result = started.finish(returncode, peak_mb, output)
+    log(f"{label}: {result['status']} at {result['num_updates']} updates"
         + (f" ({result['error']})" if result.get("error") else ""))
     return result["status"] != "done"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import getpass
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,7 @@ from submitit.core.utils import DelayedSubmission, UncompletedJobError
 
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
-from mtsa_fairseq.experiments.runs import (
-    checkpoint_updates,
-    previous_run,
-    record_finish,
-    record_start,
-    write_run,
-)
+from mtsa_fairseq.experiments.runs import checkpoint_updates, close_session, finish_session, session
 from mtsa_fairseq.experiments.translation.plan import SLURM_SIGNAL_DELAY_S, Plan, SeedRun
 
 # Slurm job states (squeue(1), "JOB STATE CODES") in which the job may still run: a launcher must not submit
@@ -70,44 +63,27 @@ class SeedJob(submitit.helpers.Checkpointable):
                 raise LaunchError(f"{self.run_dir}: fairseq-train exited with {returncode}")
             return returncode
         if returncode == -signal.SIGTERM:  # Slurm ends the job's processes: requeue, preemption or scancel
-            self._close_session("requeued", peak_mb)
+            close_session(self.run_dir, "requeued", peak_mb)
             raise LaunchError(f"{self.run_dir}: fairseq-train was stopped by SIGTERM (a requeue, a preemption or a "
                               "cancellation); run.json says requeued until the launcher asks Slurm")
-        record = record_finish(self.run_dir, returncode, output=output, peak_rss_mb=peak_mb)
+        record = finish_session(self.run_dir, returncode, peak_mb, output=output)
         if record["status"] != "done":
             raise LaunchError(f"{self.run_dir}: {record['error']}")
         return returncode
 
     def _train(self, lock: RunLock, job_id: str) -> tuple[int, float, str]:
-        record = record_start(self.run_dir, self.label if self.cpu else None, to_stderr, slurm_job=job_id)
-        progress = UpdateProgress(self.label, self.max_update, record["resumed_from_updates"], write=to_stderr)
         try:
-            return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,
-                              ignored=_LAUNCHER_SIGNALS)
+            with session(self.run_dir, None, self.label, to_stderr, self.cpu, slurm_job=job_id) as started:
+                progress = UpdateProgress(self.label, self.max_update, started.resumed_from, write=to_stderr)
+                return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,
+                                  ignored=_LAUNCHER_SIGNALS)
         except UncompletedJobError as err:  # submitit's signal handler: out of requeues (--slurm-requeues)
-            self._close_session("failed", error=f"Slurm job {job_id}: {err}")
+            close_session(self.run_dir, "failed", error=f"Slurm job {job_id}: {err}")
             raise
-        except BaseException:  # a requeue (SystemExit from submitit's signal handler), Ctrl-C
-            if (previous_run(self.run_dir) or {}).get("status") == "running":
-                self._close_session("interrupted")
-            raise
-
-    def _close_session(self, status: str, peak_mb: float | None = None, **fields: Any) -> None:
-        """Set run.json's status (and ``fields``) and add this session's time to its wall_seconds (and its peak
-        memory)."""
-        record = previous_run(self.run_dir)
-        if record is not None:
-            record.update(status=status, **fields)
-            if peak_mb is not None:
-                record["peak_rss_mb"] = round(max(peak_mb, record.get("peak_rss_mb") or 0.0), 1)
-            started = record.pop("started_at", None)
-            if started:
-                record["wall_seconds"] = round(record.get("wall_seconds", 0.0) + time.time() - started, 3)
-            write_run(self.run_dir, record)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
         """Called by submitit on a timeout or a preemption: mark the run requeued; the same job resumes it."""
-        self._close_session("requeued")
+        close_session(self.run_dir, "requeued")
         return super().checkpoint(*args, **kwargs)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mtsa_fairseq.experiments.significance import format_p
+from mtsa_fairseq.experiments.significance import POWER, detectable_difference, equivalence_test, format_p
 
 BLEU_KINDS = {"summary": "sacreBLEU", "summary_tokenized": "tokenized, compound-split"}
 
@@ -33,13 +33,15 @@ def welch_interval(row: dict[str, Any], baseline: str, system: str, level: float
     return diff - half, diff + half
 
 
-def study_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
+def study_table(report: dict[str, Any], names: dict[str, str] | None = None, margin: float = 0.45) -> list[str]:
     """Per test set, checkpoint kind and BLEU: both systems' mean ± sd (runs), the difference with its 95%
-    confidence interval, and Welch's test."""
+    confidence interval, Welch's test, the equivalence test within ±``margin`` (two one-sided Welch t-tests) and
+    the difference Welch's test detects with 80% power at these sds (two-sided alpha 0.05)."""
     baseline, system, base_name, sys_name = _systems(report, names or {})
     lines = [f"| test set | checkpoint | BLEU | {base_name} | {sys_name} | {sys_name} − {base_name} | 95% CI | "
-             f"t (df) | p (two-sided) | p ({sys_name} > {base_name}) |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"t (df) | p (two-sided) | p ({sys_name} > {base_name}) | p (equivalent within ±{margin:g}) | "
+             f"detectable ({POWER:.0%} power) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for test, kinds in report["summary"].items():
         for kind in kinds:
             for key, bleu in BLEU_KINDS.items():
@@ -47,25 +49,30 @@ def study_table(report: dict[str, Any], names: dict[str, str] | None = None) -> 
                 welch = row["welch"]
                 sides = [f"{row[s]['mean']:.2f} ± {row[s]['std']:.2f} ({row[s]['n']})" for s in (baseline, system)]
                 low, high = welch_interval(row, baseline, system)
+                stats = [row[s][key] for s in (baseline, system) for key in ("mean", "std", "n")]
+                equivalence = equivalence_test(*stats, margin)
+                detectable = detectable_difference(*stats[1:3], *stats[4:6])
                 lines.append(f"| {test} | {_checkpoint(report, kind)} | {bleu} | {sides[0]} | {sides[1]} | "
                              f"{row[system]['mean'] - row[baseline]['mean']:+.2f} | {low:+.2f} to {high:+.2f} | "
                              f"{welch['t']:.2f} ({welch['df']:.1f}) | {format_p(welch['p_two_sided'])} | "
-                             f"{format_p(welch['p_greater'])} |")
+                             f"{format_p(welch['p_greater'])} | {format_p(equivalence.p)} | {detectable:.2f} |")
     return lines
 
 
 def study_paired_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    """Per test set, checkpoint kind and seed trained in both systems: their sacreBLEU and the paired bootstrap
-    and approximate-randomization p-values."""
+    """Per test set, checkpoint kind and seed trained in both systems: their sacreBLEU, the two-sided paired
+    bootstrap and approximate-randomization p-values, and the bootstrap as sacreBLEU and Moses compute it
+    (one-sided-like)."""
     _, _, base_name, sys_name = _systems(report, names or {})
-    lines = [f"| test set | checkpoint | seed | {base_name} sacreBLEU | {sys_name} sacreBLEU | p (paired bootstrap) | "
-             "p (approximate randomization) |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| test set | checkpoint | seed | {base_name} sacreBLEU | {sys_name} sacreBLEU | "
+             "p (paired bootstrap, two-sided) | p (approximate randomization) | p (Moses bootstrap, one-sided-like) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for test, kinds in report["summary"].items():
         for kind, row in kinds.items():
             for pair in row["paired"]:
                 lines.append(f"| {test} | {_checkpoint(report, kind)} | {pair['seed']} | {pair['baseline_bleu']:.2f} | "
-                             f"{pair['system_bleu']:.2f} | {format_p(pair['p_bootstrap'])} | "
-                             f"{format_p(pair['p_ar'])} |")
+                             f"{pair['system_bleu']:.2f} | {format_p(pair['p_bootstrap_two_sided'])} | "
+                             f"{format_p(pair['p_ar'])} | {format_p(pair['p_bootstrap_moses'])} |")
     return lines
 
 

@@ -15,7 +15,7 @@ requirements = [
 COMMANDS = [
     "prepare_data", "train_seeds", "average_checkpoints", "score", "significance", "pipeline", "make_toy_corpus",
     "multi30k_study", "prepare_sentence_data", "sentence_experiment", "sentence_lr_search", "evaluate_sentence",
-    "bench_core", "bench_encoders", "bench_transformer", "bench_fairseq_train", "docs_tables",
+    "bench_core", "bench_encoders", "bench_transformer", "bench_fairseq_train", "bench_launches", "docs_tables",
 ]
 if os.environ.get("MTSA_FAIRSEQ_OWN_FAIRSEQ") != "1":
     requirements.append("fairseq-fixed==0.12.3.1")

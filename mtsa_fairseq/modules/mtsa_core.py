@@ -46,7 +46,8 @@ How it is computed (reference §8.2, §8.4):
 
   ``D_R`` and ``D_S`` are the dropout masks (0 or 1/keep) of ``E_R`` and ``E_S``: ``D_S`` is the one the other
   rows used, ``D_R`` is drawn afresh for these rows, with the same distribution. ``O(L d)`` per row, under
-  activation checkpointing; checking for such rows costs one host synchronisation per call.
+  activation checkpointing; checking for such rows costs one reduction (the smallest denominator) and one host
+  synchronisation per call.
 * Export. Under ``torch.compile`` the check is a ``torch.cond`` whose branch recomputes every row once one
   underflowed (static shapes; not checkpointed). TorchScript compiles neither the custom autograd Functions nor
   the kernels' Python control flow: scripted modules call :func:`mtsa_core_scripted`, one SDPA pair over a whole
@@ -352,17 +353,17 @@ def mtsa_core(
 
         out, den = mtsa_triton(q, k, e_s, num_values, key_padding_mask, direction, include_self, token2token,
                                keep if dropout_active else 1.0)
-        small = _underflowed(den, q.dtype)
     elif use == "flex":
-        out, small = _flex_sigmoid(q, k, num_values, e_s, key_padding_mask, groups, include_self, scale)
+        out, den = _flex_sigmoid(q, k, num_values, e_s, key_padding_mask, groups, include_self, scale)
     else:
-        out, small = _chunked(q, k, num_values, e_s, key_padding_mask, groups, include_self, token2token, use,
-                              scale, dropout_active, keep, query_chunk_size)
+        out, den = _chunked(q, k, num_values, e_s, key_padding_mask, groups, include_self, token2token, use,
+                            scale, dropout_active, keep, query_chunk_size)
     if torch.compiler.is_compiling():
-        return _recompute_in_graph(out, small, q, k, v, s2t, s2t_kept, key_padding_mask, groups, include_self,
-                                   token2token, s2t_activation, scale, keep if dropout_active else 1.0)
-    if not bool(small.any()):
+        return _recompute_in_graph(out, _underflowed(den, q.dtype), q, k, v, s2t, s2t_kept, key_padding_mask, groups,
+                                   include_self, token2token, s2t_activation, scale, keep if dropout_active else 1.0)
+    if den.numel() == 0 or float(den.detach().amin()) >= _sqrt_tiny(q.dtype):  # one reduction, one synchronisation
         return out
+    small = _underflowed(den, q.dtype)
     small &= _rows_with_keys(key_padding_mask, batch, num_heads, q_len, k_len, groups, include_self, q.device)
     rows = small.nonzero()
     if len(rows) == 0:
@@ -380,8 +381,8 @@ def _numerator_values(v: Tensor, e_s: Tensor, keep: float, dropout_active: bool)
     for all query chunks, kept for the rows recomputed in log space."""
     if not dropout_active:
         return v * e_s, None
-    s2t_kept = torch.empty_like(e_s, dtype=torch.bool).bernoulli_(keep)
-    return v * (e_s * s2t_kept) / keep, s2t_kept
+    e_s_kept, s2t_kept = torch.native_dropout(e_s, 1.0 - keep, True)  # one kernel for both
+    return v * e_s_kept, s2t_kept
 
 
 def _recompute_in_graph(
@@ -432,7 +433,8 @@ def mtsa_core_scripted(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding
     e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
     num_values, s2t_kept = _numerator_values(v, e_s, keep, dropout_active)
     mask = _whole_mask(key_padding_mask, num_heads, q_len, k_len, direction, q.device)
-    out, small = _sdpa_ratio(q, k, num_values, e_s, mask, scale, dropout_active, keep)
+    out, den = _sdpa_ratio(q, k, num_values, e_s, mask, scale, dropout_active, keep)
+    small = _underflowed(den, q.dtype)
     if mask is not None:
         small = small & mask.any(dim=-1)  # rows without an allowed key stay 0
     if not bool(small.any()):
@@ -497,7 +499,7 @@ def _chunked(
     groups: list[tuple[slice, str | None]], include_self: bool, token2token: str, use: str, scale: float,
     dropout_active: bool, keep: float, query_chunk_size: int | None,
 ) -> tuple[Tensor, Tensor]:
-    """The SDPA and dense paths: ``(out, underflowed rows [B, H, L_q])``."""
+    """The SDPA and dense paths: ``(out, Z)``."""
     batch, num_heads, q_len, _ = q.shape
     k_len = k.shape[2]
     keys_real = None if key_padding_mask is None else ~key_padding_mask
@@ -517,13 +519,13 @@ def _chunked(
     if len(groups) == 1 and (result := whole(q, k, num_values, e_s, groups[0][1])) is not None:
         return result  # all heads in one call pair, no copy into an output buffer
     out = q.new_empty(batch, num_heads, q_len, num_values.shape[-1])
-    small = torch.zeros(batch, num_heads, q_len, dtype=torch.bool, device=q.device)
+    den = torch.empty_like(out)
     pos = torch.arange(k_len, device=q.device)
     q_pos = pos[k_len - q_len:]
     for heads, mode in groups:
         qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], e_s[:, heads]
         if (result := whole(qh, kh, nh, sh, mode)) is not None:
-            out[:, heads], small[:, heads] = result
+            out[:, heads], den[:, heads] = result
             continue
         for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], q_len, k_len, mode, query_chunk_size):
             mask = positional_mask(q_pos[q0:q1, None], pos[None, k0:k1], mode, include_self)
@@ -533,13 +535,13 @@ def _chunked(
                 mask = key_mask if mask is None else mask & key_mask
             args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1])
             if use != "dense":
-                out[:, heads, q0:q1], small[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep,
-                                                                           joint=joint)
+                out[:, heads, q0:q1], den[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep,
+                                                                         joint=joint)
             else:
-                out[:, heads, q0:q1], small[:, heads, q0:q1] = _dense_ratio(
+                out[:, heads, q0:q1], den[:, heads, q0:q1] = _dense_ratio(
                     *args, mask, scale, token2token, dropout_active, keep
                 )
-    return out, small
+    return out, den
 
 
 def _rows_with_keys(
@@ -606,16 +608,15 @@ class _GuardedRatio(torch.autograd.Function):
     @staticmethod
     def forward(ctx, num: Tensor, den: Tensor) -> Tensor:
         ctx.save_for_backward(num, den)
-        return num / torch.where(den > 0, den, torch.ones_like(den))
+        return num / den.masked_fill(den <= 0, 1.0)  # Z >= 0, so this is where(Z > 0, Z, 1) in three kernels
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
         num, den = ctx.saved_tensors
-        positive = den > 0
-        guarded = torch.where(positive, den, torch.ones_like(den))
+        zero = den <= 0
+        guarded = den.masked_fill(zero, 1.0)
         grad_num = grad / guarded
-        grad_den = torch.where(positive, -grad_num * num / guarded, torch.zeros_like(den))
-        return grad_num, grad_den
+        return grad_num, (grad_num * num).div_(guarded).neg_().masked_fill_(zero, 0.0)
 
 
 def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
@@ -631,16 +632,18 @@ def _sdpa_ratio(
     q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
     scale: float, dropout_active: bool, keep: float, is_causal: bool = False, joint: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """``SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities only
-    (reference §8.3) and 0 on rows without an allowed key; ``is_causal`` is the kernel's own
-    forward-with-self mask (no mask tensor at all); ``joint`` (no dropout) computes both in one call over the
-    joined values. Also returns the underflowed rows."""
-    empty: Tensor | None = None
+    """``(out, Z)``: ``out = SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities
+    only (reference §8.3) and 0 on rows without an allowed key, ``Z = SDPA(q, k, E_S)``; ``mask`` is the allowed
+    keys (boolean), ``is_causal`` the kernel's own forward-with-self mask (no mask tensor at all); ``joint`` (no
+    dropout) computes both in one call over the joined values."""
+    has_key: Tensor | None = None
+    bias: Tensor | None = None
     if mask is not None:
         # applied whether or not a row is empty: asking would cost a host synchronisation (and a compiled graph
         # cannot branch on it); on rows with keys both operations are the identity, in value and gradient
-        empty = ~mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
-        mask = mask | empty  # keep softmax kernels away from all -inf rows; zeroed below
+        has_key = mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
+        # rows without a key see every key, which keeps softmax kernels away from all -inf rows; zeroed below
+        bias = _additive_mask(mask >= has_key, q.dtype)
     if joint:
         # zero columns bring q, k and the joined values to one width, which the fused (flash) kernels need;
         # they change neither the scores (the scale is given) nor the first 2 * d_v output columns
@@ -648,16 +651,26 @@ def _sdpa_ratio(
         width = max(q.shape[-1], 2 * d_v)
         q, k = (F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k))
         values = F.pad(torch.cat([num_values, den_values], dim=-1), (0, width - 2 * d_v))
-        both = F.scaled_dot_product_attention(q, k, values, attn_mask=mask, scale=scale, is_causal=is_causal)
+        both = F.scaled_dot_product_attention(q, k, values, attn_mask=bias, scale=scale, is_causal=is_causal)
         num, den = both[..., :d_v], both[..., d_v:2 * d_v]
     else:
         num = F.scaled_dot_product_attention(
-            q, k, num_values, attn_mask=mask, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
+            q, k, num_values, attn_mask=bias, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
             is_causal=is_causal,
         )
-        den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=mask, scale=scale, is_causal=is_causal)
+        den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=bias, scale=scale, is_causal=is_causal)
     out = _guarded_ratio(num, den)
-    return (out if empty is None else out.masked_fill(empty, 0.0)), _underflowed(den, q.dtype)
+    return (out if has_key is None else out * has_key), den
+
+
+def _additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """``allowed`` as SDPA's additive mask in ``dtype`` (0 where allowed, -inf elsewhere), built once for all calls
+    and in two kernels, each row at a multiple of 8 elements as the memory-efficient CUDA kernel reads it: given the
+    booleans, every SDPA call converts them and copies unaligned rows again."""
+    length = allowed.shape[-1]
+    shape = list(allowed.shape[:-1]) + [length + (-length) % 8]
+    bias = torch.full(shape, float("-inf"), dtype=dtype, device=allowed.device)
+    return bias[..., :length].masked_fill_(allowed, 0.0)
 
 
 def _dense_ratio(
@@ -677,7 +690,7 @@ def _dense_ratio(
         e_r = e_r.masked_fill(~mask, 0.0)
     den = torch.matmul(e_r, den_values)
     num = torch.matmul(_dropout(e_r, keep, dropout_active), num_values)
-    return _guarded_ratio(num, den), _underflowed(den, q.dtype)
+    return _guarded_ratio(num, den), den
 
 
 def _flex_sigmoid(
@@ -715,4 +728,4 @@ def _flex_sigmoid(
     both = flex_attention(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=scale)[..., :2 * d_v]
     out = _guarded_ratio(both[..., :d_v], both[..., d_v:])
     nonempty = _rows_with_keys(pad, batch, num_heads, length, length, groups, include_self, q.device)
-    return torch.where(nonempty[..., None], out, torch.zeros_like(out)), _underflowed(both[..., d_v:], q.dtype)
+    return torch.where(nonempty[..., None], out, torch.zeros_like(out)), both[..., d_v:]

@@ -75,7 +75,7 @@ class PerHeadLinear(nn.Module):
             y = y if scale == 1.0 else y * scale
         else:
             y = torch.baddbmm(self.bias[:, None, :], rows, self.weight, beta=scale, alpha=scale)
-        return y.view(heads, length, batch, -1).permute(2, 0, 1, 3).contiguous()
+        return y.view(heads, length, batch, -1).permute(2, 0, 1, 3)  # [B, H, L, d_out] stored head-major
 
     def extra_repr(self) -> str:
         h, i, o = self.weight.shape

@@ -1,0 +1,118 @@
+"""What a training step of the MTSA layer dispatches: the operator counter itself, the one host synchronisation per
+layer (the underflow check), the additive mask both SDPA calls share, the core's forward operator by operator, and
+``mtsa-bench-launches`` at a tiny size. Times are the command's to report, never asserted here."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+
+from mtsa_fairseq.experiments.bench.launches import OperatorCount, count_step
+from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
+from mtsa_fairseq.modules.mtsa_core import mtsa_core
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_launches.py"
+L, B, C, H = 10, 3, 32, 4
+
+
+def layer_input(padded: bool):
+    x = torch.randn(L, B, C, requires_grad=True)
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[1, :3] = True
+    return x, pad if padded else None
+
+
+def test_the_counter_counts_kernels_not_views_or_allocations_and_synchronisations_apart():
+    t = torch.randn(4, 6)
+    with OperatorCount() as count:
+        u = (t * 2).view(6, 4).t() + 1
+        torch.empty_like(u)
+        if bool(u.any()):
+            u.nonzero()
+    assert count.operators == {"mul": 1, "add": 1, "any": 1}
+    assert count.syncs == {"_local_scalar_dense": 1, "nonzero": 1}
+
+
+def test_count_step_counts_the_backward_apart_from_the_forward():
+    w = torch.randn(5, 3, requires_grad=True)
+    x = torch.randn(2, 5)
+    counts = count_step(lambda: torch.sigmoid(x @ w))
+    assert counts["forward"]["by_name"] == {"mm": 1, "sigmoid": 1} and counts["forward"]["syncs"] == 0
+    assert counts["backward"]["by_name"]["sigmoid_backward"] == 1 and "sigmoid" not in counts["backward"]["by_name"]
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_an_mtsa_training_step_synchronises_the_host_once(padded):
+    """The underflow check reads one number, the smallest denominator; the backward reads none, and fairseq's
+    attention none at all."""
+    x, pad = layer_input(padded)
+    mtsa = MTSAMultiheadAttention(C, H, dropout=0.1).train()
+    mha = MultiheadAttention(C, H, dropout=0.1, self_attention=True).train()
+    counts = count_step(lambda: mtsa(x, x, x, key_padding_mask=pad)[0])
+    assert counts["forward"]["syncs_by_name"] == {"_local_scalar_dense": 1}
+    assert counts["backward"]["syncs"] == 0
+    counts = count_step(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=False)[0])
+    assert counts["forward"]["syncs"] == counts["backward"]["syncs"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_both_sdpa_calls_take_one_additive_mask_with_aligned_rows(monkeypatch, dtype):
+    """Given the booleans, every SDPA call would convert them (and on CUDA copy rows not aligned to 8 elements)."""
+    masks, sdpa = [], F.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    x, pad = layer_input(True)
+    x = x.to(dtype)
+    MTSAMultiheadAttention(C, H, dropout=0.1).to(dtype).train()(x, x, x, key_padding_mask=pad)
+    assert len(masks) == 2 and masks[0] is masks[1]
+    bias = masks[0]
+    assert bias.dtype == dtype and bias.shape == (B, 1, 1, L) and all(s % 8 == 0 for s in bias.stride()[:-1])
+    assert torch.equal(bias, torch.zeros(B, 1, 1, L, dtype=dtype).masked_fill(pad[:, None, None, :], float("-inf")))
+
+
+def test_the_core_forward_operator_by_operator():
+    """``mtsa_core`` with key padding, no dropout (SDPA stays one fused operator on every device): the source2token
+    activation and numerator values, the additive mask (keys, rows with a key, the mask itself in two), two SDPA
+    calls, the guarded ratio in three, the zeroing of rows without a key, and the underflow check."""
+    q, k, v, s2t = (torch.randn(2, H, 9, 8, requires_grad=True) for _ in range(4))
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[1, :3] = True
+    counts = count_step(lambda: mtsa_core(q, k, v, s2t, pad, s2t_activation="sigmoid", training=True))
+    by_name = {"sdpa" if "scaled_dot_product" in name else name: n for name, n in counts["forward"]["by_name"].items()}
+    assert by_name == {"sigmoid": 1, "mul": 2, "bitwise_not": 1, "any": 1, "ge": 1, "full": 1, "masked_fill_": 1,
+                       "sdpa": 2, "le": 1, "masked_fill": 1, "div": 1, "amin": 1}
+    assert counts["forward"]["syncs_by_name"] == {"_local_scalar_dense": 1}
+
+
+@pytest.mark.slow  # a fresh process that imports torch and fairseq
+def test_tiny_benchmark_writes_every_layer_and_padding(tmp_path):
+    out_json, out_md = tmp_path / "launches.json", tmp_path / "launches.md"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--batch", "2", "--length", "6", "--dim", "16", "--heads", "2",
+                           "--rounds", "1", "--json", str(out_json), "--markdown", str(out_md)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [(r["layer"], r["dropout"], r["padding"]) for r in rows] == [
+        (layer, dropout, padding) for layer in ("transformer", "mtsa") for dropout in (0.0, 0.1)
+        for padding in ("padded", "unpadded")]
+    assert all(r["forward"]["operators"] > 0 and r["backward"]["operators"] > 0 and r["ms"] > 0 for r in rows)
+    assert [r["forward"]["syncs"] for r in rows] == [0] * 4 + [1] * 4
+    text = out_md.read_text()
+    assert ("| layer | attention dropout | padding | operators, forward | backward | total | host syncs | ms per step |"
+            in text)
+    assert text.startswith("torch ") and "batch 2, length 6, d_model 16, 2 heads" in text
+
+
+def test_usage_errors():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--layers", "mtsa-sdpa-joint"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("give --dropouts 0")

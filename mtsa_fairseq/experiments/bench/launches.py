@@ -7,10 +7,15 @@ and the count does not depend on the device's speed. An operator counts when it 
 allocations (``VIEWS_AND_ALLOCATIONS``) do not. A host synchronisation is an operator whose result the host reads
 (``SYNCHRONISING``: ``bool(t)``, ``t.item()``, ``t.nonzero()``), counted as that and not as an operator. Which
 kernels an operator runs is the backend's choice: on CUDA an operator is one launch or a few; on the CPU
-``scaled_dot_product_attention`` without dropout is one fused operator, with dropout its math fallback of several."""
+``scaled_dot_product_attention`` without dropout is one fused operator, with dropout its math fallback of several.
+:func:`measure` counts and times the attention layers of ``mtsa-bench-launches`` side by side, :func:`table`
+renders them."""
 
 from __future__ import annotations
 
+import argparse
+import itertools
+import statistics
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -75,3 +80,89 @@ def profile_cuda_step(step: Callable[[], None]) -> dict[str, int]:
     calls = Counter(event.name for event in prof.events())
     return {"launches": sum(calls[name] for name in CUDA_LAUNCHES),
             "syncs": sum(calls[name] for name in CUDA_SYNCHRONISATIONS)}
+
+
+PADDINGS = ("padded", "unpadded")
+
+
+def build_layer(name: str, dropout: float, args: argparse.Namespace):
+    """The attention module ``name`` with attention dropout ``dropout`` on ``args.device`` in ``args.dtype``, in
+    training mode."""
+    from fairseq.modules import MultiheadAttention
+
+    from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
+
+    torch.manual_seed(0)
+    if name == "transformer":
+        module = MultiheadAttention(args.dim, args.heads, dropout=dropout, self_attention=True)
+    else:
+        kernel = name.removeprefix("mtsa-") if name != "mtsa" else "auto"
+        module = MTSAMultiheadAttention(args.dim, args.heads, dropout=dropout, kernel=kernel)
+    return module.to(device=args.device, dtype=getattr(torch, args.dtype)).train()
+
+
+def layer_input(padding: str, args: argparse.Namespace):
+    """``x [L, B, dim]`` (requiring its gradient) and the key padding mask (None without padding)."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(args.length, args.batch, args.dim, generator=generator).to(args.device, getattr(torch, args.dtype))
+    if padding == "unpadded":
+        return x.requires_grad_(), None
+    pad = torch.zeros(args.batch, args.length, dtype=torch.bool)
+    pad[-1, : max(1, args.length // 4)] = True  # left-padded, as fairseq batches sources
+    return x.requires_grad_(), pad.to(args.device)
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    """One row per (layer, dropout, padding): operator and synchronisation counts of a step, on CUDA the
+    profiler's, and the median time of ``args.rounds`` steps taken in turns."""
+    from mtsa_fairseq.experiments.bench.measure import timed_rounds
+
+    cuda = args.device.startswith("cuda")
+    rows, steps = [], {}
+    for name, dropout in itertools.product(args.layers, args.dropouts):
+        module = build_layer(name, dropout, args)
+        for padding in PADDINGS:
+            x, pad = layer_input(padding, args)
+
+            def forward(module=module, x=x, pad=pad):
+                return module(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+
+            def step(_round: int = 0, forward=forward, x=x, module=module):
+                x.grad = None
+                module.zero_grad(set_to_none=True)
+                out = forward()
+                out.backward(torch.ones_like(out))
+
+            step()  # warm-up: lazy initialisation, kernel compilation and autotuning stay out of the counts
+            x.grad = None
+            module.zero_grad(set_to_none=True)  # as fairseq's optimiser leaves them: no gradient to add to
+            row = {"layer": name, "dropout": dropout, "padding": padding, **count_step(forward)}
+            if cuda:
+                row["cuda"] = profile_cuda_step(step)
+            rows.append(row)
+            steps[_cell(row)] = step
+    seconds = timed_rounds(steps, args.rounds, args.device)
+    for row in rows:
+        row["ms"] = 1000 * statistics.median(seconds[_cell(row)])
+    return rows
+
+
+def _cell(row: dict) -> str:
+    return f"{row['layer']}, dropout {row['dropout']}, {row['padding']}"
+
+
+def table(rows: list[dict], cuda: bool) -> str:
+    """The Markdown table of ``rows``, time as a ratio to the first layer's at the same dropout and padding."""
+    header = ["layer", "attention dropout", "padding", "operators, forward", "backward", "total", "host syncs"]
+    header += ["CUDA launches", "CUDA syncs"] if cuda else []
+    header += ["ms per step", f"time / {rows[0]['layer']}"]
+    first = {(row["dropout"], row["padding"]): row for row in rows if row["layer"] == rows[0]["layer"]}
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        forward, backward = row["forward"]["operators"], row["backward"]["operators"]
+        cells = [row["layer"], str(row["dropout"]), row["padding"], str(forward), str(backward),
+                 str(forward + backward), str(row["forward"]["syncs"] + row["backward"]["syncs"])]
+        cells += [str(row["cuda"]["launches"]), str(row["cuda"]["syncs"])] if cuda else []
+        cells += [f"{row['ms']:.2f}", f"{row['ms'] / first[row['dropout'], row['padding']]['ms']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

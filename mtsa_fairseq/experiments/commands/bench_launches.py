@@ -12,7 +12,8 @@ fairseq's default, as mtsa-bench-fairseq-train trains; the paper's setups use 0.
   ``--dropouts 0``, ``triton`` CUDA).
 
 For each a step (forward, then backward from a gradient of ones) is counted after a warm-up step: the operators
-dispatched to the device and the host synchronisations (mtsa_fairseq/experiments/bench/launches.py), on CUDA also
+dispatched to the device and the host synchronisations (mtsa_fairseq/experiments/bench/launches.py, which also
+builds the layers and measures them), on CUDA also
 torch.profiler's kernel launches and synchronisations. Time: the median of ``--rounds`` steps, all layers taking
 turns in each round (ABBA), in this one process. A loop that waits for its host (fairseq-train at WMT batch
 sizes, docs/kernel.md) pays for every operator and synchronisation; the default size is small enough that the
@@ -26,105 +27,12 @@ CPU's time is mostly that cost.
 from __future__ import annotations
 
 import argparse
-import itertools
-import statistics
 from pathlib import Path
 
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_command
 
-LAYERS = ("transformer", "mtsa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton")
-PADDINGS = ("padded", "unpadded")
-
-
-def build_layer(name: str, dropout: float, args: argparse.Namespace):
-    """The attention module ``name`` with attention dropout ``dropout`` on ``args.device`` in ``args.dtype``, in
-    training mode."""
-    import torch
-    from fairseq.modules import MultiheadAttention
-
-    from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
-
-    torch.manual_seed(0)
-    if name == "transformer":
-        module = MultiheadAttention(args.dim, args.heads, dropout=dropout, self_attention=True)
-    else:
-        kernel = name.removeprefix("mtsa-") if name != "mtsa" else "auto"
-        module = MTSAMultiheadAttention(args.dim, args.heads, dropout=dropout, kernel=kernel)
-    return module.to(device=args.device, dtype=getattr(torch, args.dtype)).train()
-
-
-def layer_input(padding: str, args: argparse.Namespace):
-    """``x [L, B, dim]`` (requiring its gradient) and the key padding mask (None without padding)."""
-    import torch
-
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(args.length, args.batch, args.dim, generator=generator).to(args.device, getattr(torch, args.dtype))
-    if padding == "unpadded":
-        return x.requires_grad_(), None
-    pad = torch.zeros(args.batch, args.length, dtype=torch.bool)
-    pad[-1, : max(1, args.length // 4)] = True  # left-padded, as fairseq batches sources
-    return x.requires_grad_(), pad.to(args.device)
-
-
-def measure(args: argparse.Namespace) -> list[dict]:
-    """One row per (layer, dropout, padding): operator and synchronisation counts of a step, on CUDA the
-    profiler's, and the median time of ``args.rounds`` steps taken in turns."""
-    import torch
-
-    from mtsa_fairseq.experiments.bench.launches import count_step, profile_cuda_step
-    from mtsa_fairseq.experiments.bench.measure import timed_rounds
-
-    cuda = args.device.startswith("cuda")
-    rows, steps = [], {}
-    for name, dropout in itertools.product(args.layers, args.dropouts):
-        module = build_layer(name, dropout, args)
-        for padding in PADDINGS:
-            x, pad = layer_input(padding, args)
-
-            def forward(module=module, x=x, pad=pad):
-                return module(x, x, x, key_padding_mask=pad, need_weights=False)[0]
-
-            def step(_round: int = 0, forward=forward, x=x, module=module):
-                x.grad = None
-                module.zero_grad(set_to_none=True)
-                out = forward()
-                out.backward(torch.ones_like(out))
-
-            step()  # warm-up: lazy initialisation, kernel compilation and autotuning stay out of the counts
-            x.grad = None
-            module.zero_grad(set_to_none=True)  # as fairseq's optimiser leaves them: no gradient to add to
-            row = {"layer": name, "dropout": dropout, "padding": padding, **count_step(forward)}
-            if cuda:
-                row["cuda"] = profile_cuda_step(step)
-            rows.append(row)
-            steps[_cell(row)] = step
-    seconds = timed_rounds(steps, args.rounds, args.device)
-    for row in rows:
-        row["ms"] = 1000 * statistics.median(seconds[_cell(row)])
-    return rows
-
-
-def _cell(row: dict) -> str:
-    return f"{row['layer']}, dropout {row['dropout']}, {row['padding']}"
-
-
-def table(rows: list[dict], cuda: bool) -> str:
-    """The Markdown table of ``rows``, time as a ratio to the first layer's at the same dropout and padding."""
-    header = ["layer", "attention dropout", "padding", "operators, forward", "backward", "total", "host syncs"]
-    header += ["CUDA launches", "CUDA syncs"] if cuda else []
-    header += ["ms per step", f"time / {rows[0]['layer']}"]
-    first = {(row["dropout"], row["padding"]): row for row in rows if row["layer"] == rows[0]["layer"]}
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        forward, backward = row["forward"]["operators"], row["backward"]["operators"]
-        cells = [row["layer"], str(row["dropout"]), row["padding"], str(forward), str(backward),
-                 str(forward + backward), str(row["forward"]["syncs"] + row["backward"]["syncs"])]
-        cells += [str(row["cuda"]["launches"]), str(row["cuda"]["syncs"])] if cuda else []
-        cells += [f"{row['ms']:.2f}", f"{row['ms'] / first[row['dropout'], row['padding']]['ms']:.3f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
+LAYERS = ("transformer", "mtsa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton")  # launches.build_layer's names
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--help``)."""
@@ -163,6 +71,7 @@ def _main() -> None:
 
     import torch
 
+    from mtsa_fairseq.experiments.bench import launches
     from mtsa_fairseq.modules.mtsa_core import triton_available
 
     if args.threads:
@@ -172,13 +81,13 @@ def _main() -> None:
         parser.error("--device cuda: no CUDA device is available")
     if "mtsa-triton" in args.layers and not (cuda and triton_available()):
         parser.error("mtsa-triton needs --device cuda and the triton package (pip install mtsa-fairseq[triton])")
-    rows = measure(args)
+    rows = launches.measure(args)
     settings = {name: getattr(args, name) for name in ("batch", "length", "dim", "heads", "dropouts", "rounds",
                                                       "threads", "device", "dtype")}
     meta = (f"torch {torch.__version__}, {device_name(args.device)}, {args.dtype}, batch {args.batch}, length "
             f"{args.length}, d_model {args.dim}, {args.heads} heads, training step (forward + backward), time the "
             f"median of {args.rounds} steps taken in turns")
-    text = table(rows, cuda)
+    text = launches.table(rows, cuda)
     if args.json:
         write_json(args.json, {"torch": torch.__version__, "device": device_name(args.device), "settings": settings,
                                "rows": rows})

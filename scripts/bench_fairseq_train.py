@@ -1,6 +1,5 @@
 #!/usr/bin/env python
-"""``mtsa-bench-fairseq-train`` from a clone; the command itself is
-mtsa_fairseq/experiments/commands/bench_fairseq_train.py."""
+"""``mtsa-bench-fairseq-train`` from a clone: mtsa_fairseq/experiments/commands/bench_fairseq_train.py."""
 
 import sys
 from pathlib import Path

@@ -1,6 +1,5 @@
 #!/usr/bin/env python
-"""``mtsa-bench-transformer`` from a clone; the command itself is
-mtsa_fairseq/experiments/commands/bench_transformer.py."""
+"""``mtsa-bench-transformer`` from a clone; the command is mtsa_fairseq/experiments/commands/bench_transformer.py."""
 
 import sys
 from pathlib import Path

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtsa_fairseq.experiments.commands.bench_fairseq_train import split_system, throughput
+from mtsa_fairseq.experiments.bench.fairseq_train import split_system, throughput
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_fairseq_train.py"
 
@@ -94,7 +94,7 @@ def test_rows_measured_are_kept_when_a_later_batch_size_fails(tmp_path):
 def test_profile_reports_name_source_files_from_their_import_root():
     import fairseq
 
-    from mtsa_fairseq.experiments.commands.bench_fairseq_train import without_import_roots
+    from mtsa_fairseq.experiments.bench.fairseq_train import without_import_roots
     from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 
     trainer, core = Path(fairseq.__file__).parent / "trainer.py", Path(USER_DIR) / "modules" / "mtsa_core.py"

@@ -1,1 +1,1 @@
-"""Measurement helpers shared by the benchmark scripts."""
+"""The benchmarks of the commands ``mtsa-bench-*`` and their shared measurement helpers (measure.py)."""

@@ -9,13 +9,12 @@ allocations (``VIEWS_AND_ALLOCATIONS``) do not. A host synchronisation is an ope
 kernels an operator runs is the backend's choice: on CUDA an operator is one launch or a few; on the CPU
 ``scaled_dot_product_attention`` without dropout is one fused operator, with dropout its math fallback of several.
 :func:`measure` counts and times the attention layers of ``mtsa-bench-launches`` side by side, :func:`table`
-renders them."""
+renders them, :func:`run` is the command's measurement and output."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from mtsa_fairseq.experiments.bench.measure import device_name, markdown_table, median_ms, timed_rounds
+from mtsa_fairseq.experiments.files import write_atomic, write_json
 
 # besides views (``is_view``), the operators that only alias or allocate memory: no kernel runs (fills do run one)
 VIEWS_AND_ALLOCATIONS = frozenset({
@@ -115,8 +117,6 @@ def layer_input(padding: str, args: argparse.Namespace):
 def measure(args: argparse.Namespace) -> list[dict]:
     """One row per (layer, dropout, padding): operator and synchronisation counts of a step, on CUDA the
     profiler's, and the median time of ``args.rounds`` steps taken in turns."""
-    from mtsa_fairseq.experiments.bench.measure import timed_rounds
-
     cuda = args.device.startswith("cuda")
     rows, steps = [], {}
     for name, dropout in itertools.product(args.layers, args.dropouts):
@@ -141,9 +141,9 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 row["cuda"] = profile_cuda_step(step)
             rows.append(row)
             steps[_cell(row)] = step
-    seconds = timed_rounds(steps, args.rounds, args.device)
+    ms = median_ms(timed_rounds(steps, args.rounds, args.device))
     for row in rows:
-        row["ms"] = 1000 * statistics.median(seconds[_cell(row)])
+        row["ms"] = ms[_cell(row)]
     return rows
 
 
@@ -157,12 +157,31 @@ def table(rows: list[dict], cuda: bool) -> str:
     header += ["CUDA launches", "CUDA syncs"] if cuda else []
     header += ["ms per step", f"time / {rows[0]['layer']}"]
     first = {(row["dropout"], row["padding"]): row for row in rows if row["layer"] == rows[0]["layer"]}
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = []
     for row in rows:
         forward, backward = row["forward"]["operators"], row["backward"]["operators"]
         cells = [row["layer"], str(row["dropout"]), row["padding"], str(forward), str(backward),
                  str(forward + backward), str(row["forward"]["syncs"] + row["backward"]["syncs"])]
         cells += [str(row["cuda"]["launches"]), str(row["cuda"]["syncs"])] if cuda else []
         cells += [f"{row['ms']:.2f}", f"{row['ms'] / first[row['dropout'], row['padding']]['ms']:.3f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(header, lines)
+
+
+def run(args: argparse.Namespace) -> None:
+    """``mtsa-bench-launches``: measure, write ``--json`` and ``--markdown``, print the table with its settings."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = measure(args)
+    settings = {name: getattr(args, name) for name in ("batch", "length", "dim", "heads", "dropouts", "rounds",
+                                                      "threads", "device", "dtype")}
+    meta = (f"torch {torch.__version__}, {device_name(args.device)}, {args.dtype}, batch {args.batch}, length "
+            f"{args.length}, d_model {args.dim}, {args.heads} heads, training step (forward + backward), time the "
+            f"median of {args.rounds} steps taken in turns")
+    text = table(rows, args.device.startswith("cuda"))
+    if args.json:
+        write_json(args.json, {"torch": torch.__version__, "device": device_name(args.device), "settings": settings,
+                               "rows": rows})
+    if args.markdown:
+        write_atomic(args.markdown, f"{meta}\n\n{text}\n")
+    print(meta, text, sep="\n\n")

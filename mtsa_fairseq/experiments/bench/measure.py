@@ -1,7 +1,7 @@
-"""Measurement helpers shared by the benchmark scripts: one measurement cell per fresh subprocess
-(:func:`run_isolated`, the child reporting through :func:`emit`), side-by-side timing in alternating order,
-and peak memory of one step (CUDA's allocator statistics, or on a Linux CPU the resident set's high-water
-mark, reset through ``/proc/self/clear_refs`` just before the step)."""
+"""What the benchmarks share: one measurement cell per fresh subprocess (:func:`run_isolated`, the child answering
+through :func:`emit`), side-by-side timing in alternating order, peak memory of one step (CUDA's allocator statistics,
+or on a Linux CPU the resident set's high-water mark, reset through ``/proc/self/clear_refs`` just before the step),
+usage checks, Markdown tables and figures. Importing it imports no torch."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
+from mtsa_fairseq.experiments.files import atomic_path
+from mtsa_fairseq.experiments.plotting import pyplot
 
 PROC_STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -29,6 +31,31 @@ def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, int) and not isinstance(v, bool) and v < 1 for v in values):
             parser.error(f"--{name.replace('_', '-')} must be positive")
+
+
+def check_outputs(parser: argparse.ArgumentParser, *paths: Path | None, what: str = "output directory") -> None:
+    """A usage error for the first of ``paths`` whose directory does not exist."""
+    for path in paths:
+        if path is not None and not path.parent.is_dir():
+            parser.error(f"{what} {path.parent} does not exist")
+
+
+def check_device(parser: argparse.ArgumentParser, device: str, memory: bool = False) -> None:
+    """A usage error for ``--device cuda`` without CUDA, and with ``memory`` where peak memory cannot be measured."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if memory and not can_measure(device):
+        parser.error(f"cannot measure peak memory on {device} here (CPU needs Linux's /proc/self/clear_refs)")
+
+
+def check_triton(parser: argparse.ArgumentParser, names: Iterable[str], device: str) -> None:
+    """A usage error for ``mtsa-triton`` among ``names`` without CUDA and the triton package."""
+    from mtsa_fairseq.modules.mtsa_core import triton_available
+
+    if "mtsa-triton" in names and not (device.startswith("cuda") and triton_available()):
+        parser.error("mtsa-triton needs --device cuda and the triton package (pip install mtsa-fairseq[triton])")
 
 
 class CellFailed(RuntimeError):
@@ -50,23 +77,28 @@ def run_isolated(script: Path | str, args: list[str], cell: str) -> Any:
                          f"{proc.stdout[-1000:]}{proc.stderr[-1000:]}") from None
 
 
+def isolated(script: Path | str, args: list[str], cell: str) -> Any:
+    """:func:`run_isolated`, the command exiting with the child's error when it fails."""
+    try:
+        return run_isolated(script, args, cell)
+    except CellFailed as error:
+        sys.exit(f"error: {error}")
+
+
 def emit(result: Any) -> None:
     """Print ``result`` as one JSON line: a child's answer to :func:`run_isolated`."""
     print(json.dumps(result), flush=True)
 
 
-def _proc_kb(path: Path, field: str) -> int:
+def status_kb(field: str, path: Path = PROC_STATUS) -> int:
+    """A field of ``/proc/self/status`` (or of ``path``) in kB, e.g. ``VmHWM``, the resident set's high-water mark."""
     return int(re.search(rf"^{field}:\s+(\d+)", path.read_text(), re.MULTILINE).group(1))
-
-
-def _status_kb(field: str) -> int:
-    return _proc_kb(PROC_STATUS, field)
 
 
 def memory_available_gib() -> float:
     """``MemAvailable`` of Linux's ``/proc/meminfo`` in GiB (0 where it cannot be read)."""
     try:
-        return _proc_kb(Path("/proc/meminfo"), "MemAvailable") / 2**20
+        return status_kb("MemAvailable", Path("/proc/meminfo")) / 2**20
     except (OSError, AttributeError):
         return 0.0
 
@@ -74,6 +106,8 @@ def memory_available_gib() -> float:
 def can_measure(device: str) -> bool:
     """Whether :func:`peak_growth_mb` works here (CUDA, or a CPU with ``/proc/self/status`` and a writable
     ``/proc/self/clear_refs``)."""
+    import torch
+
     if device.startswith("cuda"):
         return torch.cuda.is_available()
     return PROC_STATUS.exists() and os.access(CLEAR_REFS, os.W_OK)
@@ -82,6 +116,8 @@ def can_measure(device: str) -> bool:
 def peak_growth_mb(step: Callable[[], None], device: str) -> float:
     """How far peak memory rises above its level before ``step()`` while it runs, in MiB. Run it in a
     fresh process per measurement: on CPU the allocator keeps freed memory, so earlier steps blur it."""
+    import torch
+
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -90,9 +126,9 @@ def peak_growth_mb(step: Callable[[], None], device: str) -> float:
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
     CLEAR_REFS.write_text("5")  # the high-water mark restarts at the current RSS
-    before = _status_kb("VmRSS")
+    before = status_kb("VmRSS")
     step()
-    return (_status_kb("VmHWM") - before) / 1024
+    return (status_kb("VmHWM") - before) / 1024
 
 
 def warm_up_length(length: int, device: str) -> int:
@@ -107,12 +143,14 @@ def limit_address_space_growth(gib: float) -> None:
     that a step needing more fails with an allocation error instead of waking the kernel's OOM killer."""
     import resource
 
-    limit = _status_kb("VmSize") * 1024 + int(gib * 2**30)
+    limit = status_kb("VmSize") * 1024 + int(gib * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
 def synchronize(device: str) -> None:
     """Wait for queued CUDA work, so that wall-clock time covers it (no-op on CPU)."""
+    import torch
+
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -135,8 +173,15 @@ def timed_rounds(steps: dict[str, Callable[[int], None]], rounds: int, device: s
     return seconds
 
 
+def median_ms(seconds: dict[str, list[float]]) -> dict[str, float]:
+    """The median of each name's seconds, in milliseconds."""
+    return {name: 1000 * statistics.median(values) for name, values in seconds.items()}
+
+
 def device_name(device: str) -> str:
     """The GPU model, or the CPU architecture and torch's thread count."""
+    import torch
+
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
@@ -147,3 +192,16 @@ def progress(done: int, total: int, start: float) -> str:
     ``time.monotonic()``); longer sequences take longer, so no ETA is guessed."""
     seconds = int(time.monotonic() - start)
     return f"[bench {done}/{total}, {seconds // 60}m{seconds % 60:02d}s]"
+
+
+def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
+    """A Markdown table of ``header`` and ``rows`` of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write the matplotlib figure ``fig`` to ``path`` as a PNG at 110 dpi, atomically, and close it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    pyplot().close(fig)

@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mtsa_fairseq.experiments.files import write_atomic, write_json
+from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.processes import run_command
 
 LAYERS = ("transformer", "mtsa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton")  # launches.build_layer's names
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``--help``)."""
@@ -58,42 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    from mtsa_fairseq.experiments.bench.measure import check_positive, device_name
-
-    check_positive(parser, args)
+    measure.check_positive(parser, args)
     if not all(0.0 <= p < 1.0 for p in args.dropouts):
         parser.error("--dropouts must be in [0, 1)")
     if "mtsa-sdpa-joint" in args.layers and any(args.dropouts):
         parser.error("mtsa-sdpa-joint has no attention dropout: give --dropouts 0")
-    for path in (args.json, args.markdown):
-        if path is not None and not path.parent.is_dir():
-            parser.error(f"directory {path.parent} does not exist")
-
-    import torch
-
+    measure.check_outputs(parser, args.json, args.markdown, what="directory")
+    measure.check_device(parser, args.device)
+    measure.check_triton(parser, args.layers, args.device)
     from mtsa_fairseq.experiments.bench import launches
-    from mtsa_fairseq.modules.mtsa_core import triton_available
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cuda = args.device.startswith("cuda")
-    if cuda and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available")
-    if "mtsa-triton" in args.layers and not (cuda and triton_available()):
-        parser.error("mtsa-triton needs --device cuda and the triton package (pip install mtsa-fairseq[triton])")
-    rows = launches.measure(args)
-    settings = {name: getattr(args, name) for name in ("batch", "length", "dim", "heads", "dropouts", "rounds",
-                                                      "threads", "device", "dtype")}
-    meta = (f"torch {torch.__version__}, {device_name(args.device)}, {args.dtype}, batch {args.batch}, length "
-            f"{args.length}, d_model {args.dim}, {args.heads} heads, training step (forward + backward), time the "
-            f"median of {args.rounds} steps taken in turns")
-    text = launches.table(rows, cuda)
-    if args.json:
-        write_json(args.json, {"torch": torch.__version__, "device": device_name(args.device), "settings": settings,
-                               "rows": rows})
-    if args.markdown:
-        write_atomic(args.markdown, f"{meta}\n\n{text}\n")
-    print(meta, text, sep="\n\n")
+    launches.run(args)
 
 
 def main() -> None:

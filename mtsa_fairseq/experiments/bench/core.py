@@ -1,0 +1,154 @@
+"""Peak memory and time of one forward+backward pass of self-attention, side by side:
+
+* ``mtsa``: :class:`MTSAMultiheadAttention` (projections + source2token + ``mtsa_core`` with ``kernel="auto"``,
+  which for this module's exp token2token is two SDPA calls on every device);
+* ``mtsa-sdpa``, ``mtsa-sdpa-joint`` and ``mtsa-triton``: the same module with the kernel fixed (two SDPA calls,
+  one over the joined values, the fused kernel; ``mtsa-triton`` needs CUDA);
+* ``naive``: the same module's projections with the authors' ``[B, H, L, L]`` algorithm (``mtsa_naive``);
+* ``mha``: fairseq's ``MultiheadAttention``;
+* ``mha-flash``: the MTSA module's q/k/v/out projections around one fused ``scaled_dot_product_attention``
+  call, i.e. multi-head attention on the flash kernel: the cost the Triton kernel aims at.
+
+With ``--core`` the projections are left out: the ``mtsa-*`` kernels and ``mha-flash`` then time
+``mtsa_core`` (source2token logits given, sigmoid) and ``scaled_dot_product_attention`` alone on per-head
+``[B, H, L, d]`` tensors without padding, so that multi-head attention runs on PyTorch's flash kernel.
+
+Each (method, length) runs in a fresh subprocess. Peak memory: on CPU the growth of the resident set's
+high-water mark during one forward+backward pass (reset through ``/proc/self/clear_refs`` once weights,
+inputs and libraries are in place), on CUDA the growth of ``max_memory_allocated``. Time: the median of
+``--repeats`` passes after that one, which serves as their warm-up. Writes a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+from mtsa_fairseq.experiments.bench import measure
+from mtsa_fairseq.experiments.files import write_atomic
+
+METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-triton", "naive", "mha", "mha-flash")
+CORE_METHODS = ("mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-triton", "mha-flash")
+DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-triton", "mha-flash", "mha"),
+                   "core": ("mtsa-sdpa", "mtsa-triton", "mha-flash")}
+
+
+def pass_cost(method: str, length: int, args: argparse.Namespace) -> dict:
+    """Peak memory (MiB) of one forward+backward pass of ``method`` at ``length`` after a warm-up pass, and the
+    median time (ms) of ``args.repeats`` more; with ``args.core`` of the attention core alone."""
+    one_pass, inputs = (_core if args.core else _layer)(method, args)
+    one_pass(*inputs(measure.warm_up_length(length, args.device)))
+    tensors = inputs(length)
+    peak_mb = measure.peak_growth_mb(lambda: one_pass(*tensors), args.device)
+    seconds = measure.timed_rounds({"pass": lambda _: one_pass(*tensors)}, args.repeats, args.device, warmup=False)
+    return {"peak_mb": peak_mb, "ms": measure.median_ms(seconds)["pass"]}
+
+
+def _layer(method: str, args: argparse.Namespace):
+    """The pass of the self-attention module of ``method`` on ``(x, pad)``, and those inputs of a length."""
+    import torch
+    import torch.nn.functional as F
+
+    from mtsa_fairseq.experiments.bench.launches import build_layer
+    from mtsa_fairseq.modules.mtsa_reference import mtsa_naive
+
+    batch, dim, heads, device = args.batch, args.dim, args.heads, args.device
+    module = build_layer({"mha": "transformer", "naive": "mtsa", "mha-flash": "mtsa"}.get(method, method), 0.0, args)
+
+    def step(x, pad):
+        n = x.shape[0]
+        if method == "mha" or method.startswith("mtsa"):
+            return module(x, x, x, key_padding_mask=pad)[0]
+
+        def split(t):
+            return t.view(n, batch, heads, dim // heads).permute(1, 2, 0, 3)
+
+        q, k, v = split(module.q_proj(x)), split(module.k_proj(x)), split(module.v_proj(x))
+        if method == "naive":
+            s2t = module.source2token(v)
+            e_s = torch.sigmoid(s2t) if module.s2t_activation.endswith("sigmoid") else torch.exp(s2t)
+            out = mtsa_naive(q, k, v, e_s, pad)
+        else:  # mha-flash
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
+        return module.out_proj(out.permute(2, 0, 1, 3).reshape(n, batch, dim))
+
+    def inputs(n):
+        module.zero_grad(set_to_none=True)  # no gradient of an earlier pass in the measured one
+        x = torch.randn(n, batch, dim, device=device, dtype=getattr(torch, args.dtype), requires_grad=True)
+        pad = torch.zeros(batch, n, dtype=torch.bool, device=device)
+        pad[-1, : n // 8] = True  # one left-padded row, as fairseq batches sources
+        return x, pad
+
+    def one_pass(x, pad):
+        x.grad = None
+        module.zero_grad(set_to_none=True)
+        step(x, pad).float().sum().backward()
+
+    return one_pass, inputs
+
+
+def _core(method: str, args: argparse.Namespace):
+    """The pass of ``mtsa_core`` (or, for ``mha-flash``, SDPA) on per-head ``q, k, v, s2t``, and those of a length."""
+    import torch
+    import torch.nn.functional as F
+
+    from mtsa_fairseq.modules.mtsa_core import mtsa_core
+
+    def inputs(n):
+        shape = (args.batch, args.heads, n, args.dim // args.heads)
+        return [torch.randn(shape, device=args.device, dtype=getattr(torch, args.dtype), requires_grad=True)
+                for _ in range(4)]
+
+    def one_pass(*tensors):
+        for t in tensors:
+            t.grad = None
+        q, k, v, s2t = tensors
+        if method == "mha-flash":
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = mtsa_core(q, k, v, s2t, kernel=method.removeprefix("mtsa-"), s2t_activation="sigmoid")
+        out.float().sum().backward()
+
+    torch.manual_seed(0)
+    return one_pass, inputs
+
+
+def run(args: argparse.Namespace, script: Path) -> None:
+    """Each (method, length) by ``script --one``; the table written to ``--markdown`` per length, then printed."""
+    import torch
+
+    where = measure.device_name(args.device) if args.device.startswith("cuda") else (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    what = (f"attention cores alone on [B, H, L, {args.dim // args.heads}] tensors, no padding" if args.core
+            else f"d_model {args.dim}")
+    meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, {what}, "
+            f"{args.heads} heads, forward+backward, median of {args.repeats}")
+    options = ["--batch", str(args.batch), "--dim", str(args.dim), "--heads", str(args.heads), "--repeats",
+               str(args.repeats), "--device", args.device, "--dtype", args.dtype] + (["--core"] if args.core else [])
+    rows = []
+    start = time.monotonic()
+    for done, length in enumerate(args.lengths, 1):
+        row = {"L": length}
+        for method in args.methods:
+            row[method] = measure.isolated(script, ["--one", f"{method}:{length}", *options], f"{method} at L={length}")
+            print(f"{measure.progress(done, len(args.lengths), start)} L={length:5d} {method:11s} "
+                  f"peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms", flush=True)
+        rows.append(row)
+        if args.markdown:  # after every length: an interrupted run keeps the rows measured
+            write_atomic(args.markdown, f"{meta}\n\n{table(rows, args.methods)}\n")
+    print(table(rows, args.methods))
+
+
+def table(rows: list[dict], methods: list[str]) -> str:
+    """The Markdown table of ``rows``: each method's peak memory and time, and their ratios to the baseline's
+    (``mha-flash``, else ``mha``, when measured)."""
+    header = ["L"] + [f"{m} MB" for m in methods] + [f"{m} ms" for m in methods]
+    base = "mha-flash" if "mha-flash" in methods else "mha"
+    ratio_cols = [m for m in methods if m != base] if base in methods else []
+    header += [f"{m}/{base} mem" for m in ratio_cols] + [f"{m}/{base} time" for m in ratio_cols]
+    return measure.markdown_table(header, (
+        [str(row["L"])] + [f"{row[m]['peak_mb']:.1f}" for m in methods] + [f"{row[m]['ms']:.1f}" for m in methods]
+        + [f"{row[m]['peak_mb'] / max(row[base]['peak_mb'], 1e-9):.2f}" for m in ratio_cols]
+        + [f"{row[m]['ms'] / row[base]['ms']:.2f}" for m in ratio_cols] for row in rows))

@@ -21,10 +21,11 @@ naming the line), plain or gzip-compressed, lines ending at ``\\n`` only.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -106,6 +107,31 @@ def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dic
 
 
 # ------------------------------------------------------------------------------------------------ text
+
+
+def checksums(root: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"bytes": size, "sha256": hex digest}}`` of the files ``names`` (relative to ``root``), the
+    identity a ``manifest.json`` records of its binarized files and dictionaries."""
+    found = {}
+    for name in sorted(names):
+        with open(Path(root) / name, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+            found[name] = {"bytes": os.fstat(f.fileno()).st_size, "sha256": digest}
+    return found
+
+
+def check_checksums(root: Path, recorded: dict[str, dict[str, Any]], error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming the first file under ``root`` that differs from its ``recorded`` :func:`checksums`
+    (every size first, then the digests); a manifest that recorded none (older data) checks nothing."""
+    for name, entry in recorded.items():
+        path = Path(root) / name
+        if not path.is_file() or path.stat().st_size != entry["bytes"]:
+            raise error(f"{path} changed after preparation (size differs from {Path(root) / 'manifest.json'}); "
+                        "prepare the data again")
+    for name, entry in checksums(root, recorded).items():
+        if entry["sha256"] != recorded[name]["sha256"]:
+            raise error(f"{Path(root) / name} changed after preparation (SHA-256 differs from "
+                        f"{Path(root) / 'manifest.json'}); prepare the data again")
 
 
 def read_sentence_manifest(data: str | Path) -> dict[str, Any]:

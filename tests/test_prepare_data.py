@@ -2,8 +2,11 @@
 end to end."""
 
 import gzip
+import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +16,7 @@ import sentencepiece as spm
 from fairseq.data import Dictionary, data_utils
 from process_helpers import wait_for
 
-from mtsa_fairseq.experiments.errors import DataError
+from mtsa_fairseq.experiments.errors import DataError, LaunchError
 from mtsa_fairseq.experiments.files import staging_dir
 from mtsa_fairseq.experiments.translation import scoring
 from mtsa_fairseq.experiments.translation.data_prep import (
@@ -30,6 +33,7 @@ from mtsa_fairseq.experiments.translation.data_prep import (
     validate,
 )
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
+from mtsa_fairseq.experiments.translation.training_view import resolve_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
@@ -267,7 +271,13 @@ def prepared(tmp_path_factory):
 @pytest.mark.slow
 def test_manifest(prepared):
     _, out, proc = prepared
-    assert json.loads((out / "manifest.json").read_text()) == {
+    manifest = json.loads((out / "manifest.json").read_text())
+    files = manifest.pop("checksums")
+    assert sorted(files) == sorted(f"bin/{p.name}" for p in (out / "bin").iterdir() if p.name != "preprocess.log")
+    for name, entry in files.items():
+        data = (out / name).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert manifest == {
         "schema": "mtsa-fairseq.data.v1", "source_lang": "en", "target_lang": "de", "data_bin": "bin",
         "spm_model": "spm.model", "vocab_size": 100, "normalization": "nfkc",
         "train": {"lines": 303, "kept": 300, "dropped_empty": 1, "dropped_too_long": 1, "dropped_ratio": 1},
@@ -280,6 +290,26 @@ def test_manifest(prepared):
     assert "[prepare] train: 303 lines, kept 300, dropped 3" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == f"[prepare] wrote {out}"
     assert leftovers(out.parent) == []
+
+
+@pytest.mark.slow
+def test_data_changed_after_preparation_is_refused_naming_the_file(prepared, tmp_path):
+    """Token ids edited inside a .bin, or a file cut short, no longer match the manifest: no run starts on it."""
+    _, out, _ = prepared
+    assert resolve_data(out).dictionaries == {
+        name: hashlib.sha256((out / "bin" / name).read_bytes()).hexdigest() for name in ("dict.de.txt", "dict.en.txt")}
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    data = bytearray((copy / "bin/test.en-de.en.bin").read_bytes())
+    data[10] ^= 1
+    (copy / "bin/test.en-de.en.bin").write_bytes(data)
+    with pytest.raises(LaunchError, match=re.escape(f"{copy / 'bin/test.en-de.en.bin'} changed after preparation "
+                                                    "(SHA-256 differs from")):
+        resolve_data(copy)
+    (copy / "bin/dict.de.txt").write_text((copy / "bin/dict.de.txt").read_text()[:-10])
+    with pytest.raises(LaunchError, match=re.escape(f"{copy / 'bin/dict.de.txt'} changed after preparation "
+                                                    "(size differs")):
+        resolve_data(copy)
 
 
 @pytest.mark.slow

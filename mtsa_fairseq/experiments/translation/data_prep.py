@@ -46,7 +46,7 @@ from typing import TextIO
 
 import sentencepiece as spm
 
-from mtsa_fairseq.contracts import MANIFEST_SCHEMA, iter_lines, open_binary
+from mtsa_fairseq.contracts import MANIFEST_SCHEMA, checksums, iter_lines, open_binary
 from mtsa_fairseq.experiments.errors import DataError
 from mtsa_fairseq.experiments.files import current_umask, move_into_place, staging_dir
 from mtsa_fairseq.experiments.processes import child_options, stop_group
@@ -402,11 +402,13 @@ def dictionary_size(bin_dir: Path, lang: str) -> int:
 
 
 def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid_lines: int,
-                   test_lines: dict[str, int]) -> dict:
+                   test_lines: dict[str, int], files: dict[str, dict]) -> dict:
     """The ``manifest.json`` of a prepared directory (schema ``mtsa-fairseq.data.v1``, paths relative to it).
 
     ``train.lines`` counts training pairs read (held-out valid pairs excluded), ``train.kept`` those binarised;
-    ``tests`` maps each test name to its fairseq subset, line count and untouched source/reference text.
+    ``tests`` maps each test name to its fairseq subset, line count and untouched source/reference text;
+    ``checksums`` holds ``files``, the :func:`~mtsa_fairseq.contracts.checksums` of the binarized files and
+    dictionaries, which training and scoring check the data against.
     """
     src, tgt = cfg.source_lang, cfg.target_lang
     return {
@@ -417,6 +419,7 @@ def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid
         "valid": {"lines": valid_lines, "subset": "valid"},
         "tests": {t.name: {"subset": subset_name(k), "lines": test_lines[t.name], "source": f"raw/{t.name}.{src}",
                            "reference": f"raw/{t.name}.{tgt}"} for k, t in enumerate(cfg.tests)},
+        "checksums": files,
     }
 
 
@@ -451,8 +454,9 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
             sizes = binarized_sizes(tmp / "bin", subset, src_lang, tgt_lang)
             if sizes != (n, n):
                 raise DataError(f"fairseq-preprocess wrote {sizes} sentences for {subset}, expected {n}")
+        binarized = [f"bin/{p.name}" for p in (tmp / "bin").iterdir() if p.suffix in (".bin", ".idx", ".txt")]
         manifest = build_manifest(cfg, sp.get_piece_size(), stats, counts["valid"],
-                                  {t.name: counts[t.name] for t in cfg.tests})
+                                  {t.name: counts[t.name] for t in cfg.tests}, checksums(tmp, binarized))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         shutil.rmtree(work)
         os.chmod(tmp, 0o777 & ~current_umask())

@@ -178,6 +178,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
             "max_update": namespace.max_update, "average_last": average_last,
             "save_interval_updates": namespace.save_interval_updates, "launcher": options.launcher,
             "world_size": nnodes * nproc, "config_path": str(Path(config_path).absolute()),
+            "dictionaries": source.dictionaries,
         }
         log_name = "train.log" if options.node_rank == 0 else f"train.node{options.node_rank}.log"
         runs.append(SeedRun(seed, run_dir, command, record, log_name))
@@ -236,7 +237,7 @@ def _parse_and_check(config: TrainConfig, source: DataSource, base_args: list[st
     last checkpoints to average."""
     origins = option_origins(config.path, config.fairseq, extra)
     try:
-        namespace = parse_fairseq_train(str(source.data_bin), [*base_args, *extra], origins)
+        namespace = parse_fairseq_train(str(source.data_bin), [*base_args, *extra], origins, config.fairseq)
     except ConfigError as err:
         raise LaunchError(str(err)) from None
     if namespace.log_format not in (None, "simple"):

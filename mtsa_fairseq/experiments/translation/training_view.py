@@ -8,13 +8,13 @@ import os
 import shutil
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import MANIFEST_SCHEMA, read_json
+from mtsa_fairseq.contracts import MANIFEST_SCHEMA, check_checksums, checksums, read_json
 from mtsa_fairseq.experiments.errors import LaunchError
 
 _INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -22,16 +22,19 @@ _INDEX_MAGIC = b"MMIDIDX\x00\x00"
 
 @dataclass(frozen=True)
 class DataSource:
-    """The ``--data`` directory: a prepared directory with ``manifest.json`` (contract 1) or a data-bin."""
+    """The ``--data`` directory: a prepared directory with ``manifest.json`` (contract 1) or a data-bin;
+    ``dictionaries`` maps each ``dict.<lang>.txt`` to its SHA-256, which run.json records."""
 
     given: Path
     data_bin: Path
     source_lang: str | None = None
     target_lang: str | None = None
+    dictionaries: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_data(path: str | Path) -> DataSource:
-    """Find the fairseq data-bin of ``path`` and check it has a dictionary."""
+    """Find the fairseq data-bin of ``path`` and check it has a dictionary and, if prepared, that its files are
+    those its manifest recorded."""
     given = Path(path).absolute()
     if not given.is_dir():
         raise LaunchError(f"data directory {given} does not exist")
@@ -44,6 +47,7 @@ def resolve_data(path: str | Path) -> DataSource:
             raise LaunchError(f"{manifest_path} names no data_bin")
         data_bin = given / manifest["data_bin"]
         source, target = manifest.get("source_lang"), manifest.get("target_lang")
+        check_checksums(given, manifest.get("checksums", {}), LaunchError)
     if not data_bin.is_dir():
         raise LaunchError(f"data-bin directory {data_bin} does not exist")
     langs = [lang for lang in (source, target) if lang]
@@ -51,7 +55,8 @@ def resolve_data(path: str | Path) -> DataSource:
     if missing or not any(data_bin.glob("dict.*.txt")):
         raise LaunchError(f"{data_bin} has no fairseq dictionary ({', '.join(missing) or 'dict.*.txt'}): "
                           "give a fairseq-preprocess output or a prepared data directory")
-    return DataSource(given, data_bin, source, target)
+    found = checksums(data_bin, [p.name for p in data_bin.glob("dict.*.txt")])
+    return DataSource(given, data_bin, source, target, {name: entry["sha256"] for name, entry in found.items()})
 
 
 def language_pair(data_bin: Path, subset: str, source: str | None, target: str | None) -> tuple[str, str]:

@@ -505,3 +505,13 @@ def test_killed_launcher_never_leaves_two_trainers(corpus, tmp_path):
     wait_for(lambda: not trainers_on(run_dir), "the second trainer to stop", timeout=300)
     assert run_json(run_dir)["status"] == "interrupted"
     assert run_json(run_dir)["wall_seconds"] > killed_session  # the killed session's time counts, and the second's
+
+
+def test_a_diverged_run_is_recorded_diverged_and_fails_the_launch(corpus, tmp_path):
+    config = write_config(tmp_path / "configs", name="tiny_diverges", updates=20)
+    config.write_text(config.read_text().replace("lr: 2.0e-3", "lr: -1"))
+    proc = train(config, corpus / "prepared", tmp_path / "runs", "--seeds", "1", check=False)
+    record = run_json(tmp_path / "runs" / "tiny_diverges" / "seed1")
+    assert proc.returncode == 1 and record["status"] == "diverged" and record["num_updates"] == 20
+    assert f"seed 1: diverged at 20 updates (training diverged: its last training loss is {record['last_loss']})" \
+        in proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""Run records (run.json): when a run counts as finished, and the training time its sessions took."""
+"""Run records (run.json): when a run is finished, diverged or failed, and the time its sessions took."""
 
 import json
 import os
@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtsa_fairseq.contracts import RUN_SCHEMA, read_run
-from mtsa_fairseq.experiments.runs import carried_seconds, is_done, write_run
+from mtsa_fairseq.experiments.checkpoint_average import save_checkpoint
+from mtsa_fairseq.experiments.runs import carried_seconds, diverged_loss, finish_session, is_done, write_run
 
 
 @pytest.mark.parametrize("record, max_update, done", [
@@ -73,3 +75,59 @@ def test_an_older_run_record_with_absolute_paths_reads_as_it_was(tmp_path):
               "command": ["/elsewhere/bin/fairseq-train", "--save-dir", "/elsewhere/run"]}
     (tmp_path / "run.json").write_text(json.dumps(record))
     assert read_run(tmp_path) == record
+
+
+def _checkpoint(path: Path, updates: int, value: float) -> None:
+    torch.save({"model": {"w": torch.full((2,), value)}, "optimizer_history": [{"num_updates": updates}]}, path)
+
+
+def _finished(run_dir: Path, losses: list[str], average_last: int = 0) -> dict:
+    """finish_session of a run whose log shows ``losses`` and whose last checkpoint is at its budget, 20."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.log").write_text("".join(
+        f"| INFO | train_inner | epoch 001:  {10 * i} / 99 loss={loss}, nll_loss=1.0, wps=100, num_updates={10 * i}\n"
+        for i, loss in enumerate(losses, 1)))
+    _checkpoint(run_dir / "checkpoint_1_10.pt", 10, 1.0)
+    _checkpoint(run_dir / "checkpoint_last.pt", 20, 3.0)
+    write_run(run_dir, {"schema": RUN_SCHEMA, "status": "running", "max_update": 20, "average_last": average_last,
+                        "save_interval_updates": 10, "checkpoint": str(run_dir / "checkpoint_avg.pt")})
+    return finish_session(run_dir, 0, log=lambda _: None, trained=False)
+
+
+@pytest.mark.parametrize("losses, status", [
+    (["9.5", "7.25"], "done"),
+    (["9.5", "9.75"], "done"),  # a little above its start is noise, not divergence
+    (["9.5", "194403"], "diverged"),  # lr -1
+    (["9.5", "inf"], "diverged"),
+    (["9.5", "nan"], "diverged"),
+])
+def test_a_run_whose_loss_ends_non_finite_or_far_above_its_start_is_recorded_diverged(tmp_path, losses, status):
+    record = _finished(tmp_path / "run", losses)
+    assert record["status"] == status == read_run(tmp_path / "run")["status"]
+    if status == "diverged":
+        assert record["error"] == f"training diverged: its last training loss is {float(losses[-1])}"
+        assert str(record["last_loss"]) == str(float(losses[-1]))
+    assert diverged_loss("no training logged") is None
+
+
+def test_a_full_disk_while_averaging_fails_the_run_in_one_line(tmp_path, monkeypatch):
+    """torch.save raises RuntimeError on a full disk; it becomes the one-line OSError and a failed run.json."""
+    def full(*_args, **_kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 128 vs 64\nframe #0 ...")
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10, 10, 0))
+    with pytest.raises(OSError) as err:
+        save_checkpoint({"model": {}}, tmp_path / "out.pt")
+    assert err.value.strerror == f"cannot write {tmp_path / 'out.pt'}: No space left on device"
+    assert not list(tmp_path.iterdir())  # no temporary file left
+    monkeypatch.undo()
+    run_dir = tmp_path / "run"
+    _finished(run_dir, ["9.5", "7.0"])  # checkpoints written before the disk fills
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10, 10, 0))
+    (run_dir / "run.json").write_text(json.dumps({**json.loads((run_dir / "run.json").read_text()),
+                                                  "status": "running", "average_last": 2}))
+    record = finish_session(run_dir, 0, log=lambda _: None, trained=False)
+    assert record["status"] == "failed" == read_run(run_dir)["status"]
+    assert record["error"] == f"averaging: cannot write {run_dir / 'checkpoint_avg.pt'}: No space left on device"

@@ -8,8 +8,10 @@ checkpoints pickle allow-listed (``mtsa_fairseq.checkpoint_safety``).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,10 @@ def save_checkpoint(state: dict[str, Any], output: str | Path) -> Path:
     try:
         torch.save(state, tmp)
         os.replace(tmp, output)
+    except RuntimeError as err:  # torch.save reports a failed write (a full disk) as RuntimeError, not OSError
+        full = shutil.disk_usage(output.parent).free < 2**20
+        reason = "No space left on device" if full else str(err).splitlines()[0]
+        raise OSError(errno.ENOSPC if full else errno.EIO, f"cannot write {output}: {reason}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return output

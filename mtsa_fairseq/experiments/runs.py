@@ -6,6 +6,7 @@ its start (resume point, earlier record, CPU kernels), its interruption or reque
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -29,6 +30,8 @@ from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.processes import interruptions_held
 
 _WPS = re.compile(r"\| train_inner \| .*\bwps=([0-9.]+)")
+_TRAIN_LOSS = re.compile(r"\| train(?:_inner)? \| .*?\bloss[= ](-?[0-9.]+(?:e[-+]?[0-9]+)?|-?inf|nan)\b")
+DIVERGENCE_RATIO = 1.5  # a run whose last training loss exceeds its first by this factor diverged
 _LOGGED_UPDATES = re.compile(r"\bnum_updates[= ](\d+)")
 
 
@@ -200,6 +203,8 @@ def finish_session(run_dir: Path, returncode: int, peak_rss_mb: float | None = N
         record.update(status="failed", error=f"fairseq-train exited with {returncode} (see {log_path})")
     elif (updates is None or updates < record["max_update"]) and not record["early_stopped"]:
         record.update(status="failed", error=f"training stopped at {updates} of {record['max_update']} updates")
+    elif (loss := diverged_loss(log_text)) is not None:
+        record.update(status="diverged", last_loss=loss, error=f"training diverged: its last training loss is {loss}")
     else:
         record["status"] = "done"
         average_last = record.get("average_last") or 0
@@ -212,10 +217,21 @@ def finish_session(run_dir: Path, returncode: int, peak_rss_mb: float | None = N
                 save_checkpoint(average_checkpoints(paths), record["checkpoint"])
                 record["averaged"] = [str(p) for p in paths]
                 log(f"averaged {', '.join(p.name for p in paths)} -> {record['checkpoint']}")
-            except AverageError as err:
-                record.update(status="failed", error=f"averaging: {err}")
+            except (AverageError, OSError) as err:
+                reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+                record.update(status="failed", error=f"averaging: {reason}")
     write_run(run_dir, record)
     return record
+
+
+def diverged_loss(log_text: str) -> float | None:
+    """The last training loss fairseq logged if the run diverged (the loss is not finite, or above
+    :data:`DIVERGENCE_RATIO` times the first logged: a run that learns ends below where it started), else None."""
+    losses = [float(v) for v in _TRAIN_LOSS.findall(log_text)]
+    if not losses:
+        return None
+    last = losses[-1]
+    return last if not math.isfinite(last) or last > DIVERGENCE_RATIO * losses[0] else None
 
 
 def cpu_kernels() -> str:

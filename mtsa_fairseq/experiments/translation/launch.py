@@ -140,6 +140,7 @@ def _train_locked(plan_: Plan, run: SeedRun, lock: RunLock, log: Callable[[str],
     if resumed_from and "Loaded checkpoint" not in output:
         log(f"warning: {label}: fairseq did not report loading {run.run_dir / 'checkpoint_last.pt'}")
     result = started.finish(returncode, peak_mb, output)
-    log(f"{label}: {result['status']} at {result['num_updates']} updates"
-        + (f" ({result['error']})" if result.get("error") else ""))
+    updates = result["num_updates"]
+    where = f"at {updates} updates" if updates is not None else "before its first update"
+    log(f"{label}: {result['status']} {where}" + (f" ({result['error']})" if result.get("error") else ""))
     return result["status"] != "done"

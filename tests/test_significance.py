@@ -139,7 +139,8 @@ def test_paired_t_test_matches_scipy_and_the_differences():
 def test_cross_validation_summary_pairs_runs_by_fold():
     """Per architecture over its folds: the held-out-selected best, the value at the update the other folds
     choose, and the last; paired t-tests over the folds both architectures have."""
-    from mtsa_fairseq.experiments.sentence.experiment import TaskConfig, report_markdown, summarize
+    from mtsa_fairseq.experiments.sentence.report import report_markdown, summarize
+    from mtsa_fairseq.experiments.sentence.runs import TaskConfig
 
     config = TaskConfig(path=Path("cv.yaml"), name="cv", dataset="cr", metric="accuracy", fairseq={}, arch_overrides={})
     best = {"mtsa_encoder": [81.0, 83.0, 80.0, 82.0], "multi_head_encoder": [80.0, 81.5, 79.0, 80.5]}
@@ -429,14 +430,14 @@ def _variant(path: Path, tmp_path: Path, name: str, **changes) -> Path:
 
 
 @pytest.mark.parametrize("case", ["signature", "test_set", "missing", "schema", "duplicate_seed", "nan", "bleu_string",
-                                  "empty_file"])
+                                  "empty_file", "seed_string", "params_float", "diverged"])
 def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, case):
     _, files = results
     base, mtsa = list(files["base"]), list(files["mtsa"])
     if case == "signature":
         base[0] = _variant(base[0], tmp_path, "sig.json",
                            signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.0.0")
-        message = "mixed sacreBLEU signatures"
+        message = f"mixed sacreBLEU signatures: {base[1]} has nrefs:1|"
     elif case == "test_set":
         base.append(_variant(base[0], tmp_path, "other.json", test_set="newstest2017"))
         message = "only the baseline has results for setup 'setup1', test set 'newstest2017'"
@@ -455,6 +456,15 @@ def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, 
     elif case == "bleu_string":
         mtsa[0] = _variant(mtsa[0], tmp_path, "str.json", bleu="")
         message = f"{mtsa[0]}: bleu must be an object of BLEU values, not str"
+    elif case == "seed_string":  # beside a result of seed 1 on the other side
+        mtsa[0] = _variant(mtsa[0], tmp_path, "seed.json", seed="1")
+        message = f"{mtsa[0]}: seed must be int, got '1'"
+    elif case == "diverged":
+        mtsa[1] = _variant(mtsa[1], tmp_path, "diverged.json", diverged=True)
+        message = f"{mtsa[1]} is the result of a diverged run: pass --allow-diverged to compare it anyway"
+    elif case == "params_float":
+        base[1] = _variant(base[1], tmp_path, "params.json", num_params=6.5e7)
+        message = f"{base[1]}: num_params must be int, got 65000000.0"
     elif case == "empty_file":
         mtsa[0] = tmp_path / "empty.json"
         mtsa[0].write_text("")

@@ -48,6 +48,10 @@ METRIC_NAMES = {"sacrebleu": "sacreBLEU", "tokenized_compound_split": "tokenized
                 "t2t_intl": "t2t-bleu (intl, cased)"}
 GroupKey = tuple[str | None, str]  # (setup, test set)
 _REQUIRED = ("system", "test_set", "num_params", "num_sentences", "hypotheses", "references", "bleu")
+# Field types of a result file, so that a seed "1" is refused rather than left out of the pairing with seed 1.
+_TYPES: dict[str, tuple[type, ...]] = {"system": (str,), "test_set": (str,), "setup": (str,), "seed": (int,),
+                                       "num_params": (int,), "num_sentences": (int,)}
+_OPTIONAL = ("setup", "seed")
 
 
 class SignificanceError(ValueError):
@@ -69,13 +73,17 @@ class RunResult:
     references: list[str] = field(repr=False)
 
 
-def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, list[str]] | None = None) -> RunResult:
-    """Read and check one result file: schema, fields, and hypotheses/references line counts.
+def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, list[str]] | None = None,
+                allow_diverged: bool = False) -> RunResult:
+    """Read and check one result file: schema, fields, and hypotheses/references line counts; the result of a
+    diverged run is refused unless ``allow_diverged``.
 
     ``ref_cache`` maps reference paths to their lines, so that runs sharing a reference file read it once.
     """
     path = Path(path)
     data = read_json(path, RESULT_SCHEMA, "result file", SignificanceError)
+    if data.get("diverged") and not allow_diverged:
+        raise SignificanceError(f"{path} is the result of a diverged run: pass --allow-diverged to compare it anyway")
     missing = [key for key in _REQUIRED if data.get(key) is None]
     if missing:
         raise SignificanceError(f"{path} lacks {', '.join(missing)}")
@@ -87,8 +95,11 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
             raise SignificanceError(f"{path} has no numeric bleu.{name} (got {value!r})")
         if not math.isfinite(value):
             raise SignificanceError(f"{path}: bleu.{name} is {value}, not a finite number")
-    if not isinstance(data["num_sentences"], int) or isinstance(data["num_sentences"], bool):
-        raise SignificanceError(f"{path}: num_sentences must be an integer, got {data['num_sentences']!r}")
+    for key, types in _TYPES.items():
+        value = data.get(key)
+        if not (isinstance(value, types) and not isinstance(value, bool)) and not (value is None and key in _OPTIONAL):
+            kind = " or ".join(t.__name__ for t in types)
+            raise SignificanceError(f"{path}: {key} must be {kind}, got {value!r}")
     files = {}
     for key in ("hypotheses", "references"):
         file = record_path(data[key], path.parent)  # relative to the result's folder, or absolute (older results)
@@ -104,8 +115,8 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
         raise SignificanceError(
             f"{path}: hypotheses have {len(hyps)} lines, references {len(refs)}, num_sentences is {n}"
         )
-    return RunResult(path=path, system=str(data["system"]), setup=data.get("setup"), test_set=str(data["test_set"]),
-                     seed=data.get("seed"), num_params=int(data["num_params"]), bleu=data["bleu"],
+    return RunResult(path=path, system=data["system"], setup=data.get("setup"), test_set=data["test_set"],
+                     seed=data.get("seed"), num_params=data["num_params"], bleu=data["bleu"],
                      hypotheses=hyps, references=refs)
 
 
@@ -433,12 +444,13 @@ def group_results(
     return dict(sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])))
 
 
-def load_side(paths: Sequence[Path], metric: str, cache: dict[Path, list[str]]) -> list[RunResult]:
+def load_side(paths: Sequence[Path], metric: str, cache: dict[Path, list[str]],
+              allow_diverged: bool = False) -> list[RunResult]:
     """Load one side's result files; they must all name the same system."""
     resolved = [Path(p).resolve() for p in paths]
     if len(set(resolved)) != len(resolved):
         raise SignificanceError("a result file is given twice")
-    runs = [load_result(p, metric, cache) for p in paths]
+    runs = [load_result(p, metric, cache, allow_diverged) for p in paths]
     systems = sorted({r.system for r in runs})
     if len(systems) > 1:
         raise SignificanceError(f"results of different systems on one side: {', '.join(systems)}")
@@ -456,6 +468,7 @@ def compare(
     bootstrap_samples: int = 1000,
     ar_samples: int = 10000,
     seed: int = 12345,
+    allow_diverged: bool = False,
 ) -> Comparison:
     """Load, check and compare; raises ``SignificanceError`` on bad input before any test runs. ``bootstrap``
     (one of :data:`BOOTSTRAPS`) is the paired bootstrap the Markdown report shows (the JSON holds both)."""
@@ -464,14 +477,16 @@ def compare(
     if metric not in BLEU_METRICS:
         raise SignificanceError(f"unknown metric {metric!r}, expected one of {', '.join(BLEU_METRICS)}")
     cache: dict[Path, list[str]] = {}
-    baseline = load_side(baseline_paths, metric, cache)
-    system = load_side(system_paths, metric, cache)
+    baseline = load_side(baseline_paths, metric, cache, allow_diverged)
+    system = load_side(system_paths, metric, cache, allow_diverged)
     overlap = {r.path.resolve() for r in baseline} & {r.path.resolve() for r in system}
     if overlap:
         raise SignificanceError(f"{sorted(overlap)[0]} is given as both baseline and system")
-    signatures = sorted({str(r.bleu.get("signature")) for r in baseline + system})
-    if len(signatures) > 1:
-        raise SignificanceError(f"mixed sacreBLEU signatures: {' vs '.join(signatures)}")
+    first = (baseline + system)[0]
+    odd = next((r for r in baseline + system if r.bleu.get("signature") != first.bleu.get("signature")), None)
+    if odd is not None:
+        raise SignificanceError(f"mixed sacreBLEU signatures: {odd.path} has {odd.bleu.get('signature')}, "
+                                f"{first.path} {first.bleu.get('signature')}")
     groups = group_results(baseline, system)
 
     comparisons = []
@@ -500,8 +515,8 @@ def compare(
             unmatched_baseline=sorted((r.seed for r in base_runs if r.seed not in by_seed), key=_seed_key),
             unmatched_system=sorted((r.seed for r in sys_runs if r.seed not in base_seeds), key=_seed_key),
         ))
-    return Comparison(groups=comparisons, metric=metric, test=test, signature=signatures[0], bootstrap=bootstrap,
-                      equivalence_margin=equivalence_margin, bootstrap_samples=bootstrap_samples,
+    return Comparison(groups=comparisons, metric=metric, test=test, signature=str(first.bleu.get("signature")),
+                      bootstrap=bootstrap, equivalence_margin=equivalence_margin, bootstrap_samples=bootstrap_samples,
                       ar_samples=ar_samples, seed=seed)
 
 

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="approximate randomization trials (default: 10000)")
     parser.add_argument("--seed", type=int, default=12345, help="positive seed of the paired tests' sampling "
                         "(default: 12345)")
+    parser.add_argument("--allow-diverged", action="store_true",
+                        help="compare results of runs recorded diverged (refused by default)")
     parser.add_argument("--names", nargs=2, metavar=("BASELINE", "SYSTEM"),
                         help='display names, e.g. --names Transformer MTSA (default: the results\' system names)')
     parser.add_argument("--markdown", type=Path, metavar="OUT.md", help="write the Markdown report here")
@@ -72,8 +74,8 @@ def _main() -> None:
     try:
         comparison = significance.compare(
             args.baseline, args.system, metric=args.metric, test=args.test, bootstrap=args.bootstrap,
-            equivalence_margin=args.equivalence_margin,
-            bootstrap_samples=args.bootstrap_samples, ar_samples=args.ar_samples, seed=args.seed,
+            equivalence_margin=args.equivalence_margin, bootstrap_samples=args.bootstrap_samples,
+            ar_samples=args.ar_samples, seed=args.seed, allow_diverged=args.allow_diverged,
         )
     except significance.SignificanceError as exc:
         raise SystemExit(f"error: {exc}") from exc

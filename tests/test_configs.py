@@ -169,6 +169,8 @@ def test_bad_structure_fails_with_a_message(tmp_path, change, message):
     ("  mtsa-s2t-bias-init: 5.0\n", r"fairseq option 'mtsa-s2t-bias-init'.*not a fairseq-train option"),
     ("  lr-scheduler: nope\n", r"fairseq option 'lr-scheduler'.*invalid choice"),
     ("  max-tokens: many\n", r"fairseq option 'max-tokens'.*invalid"),
+    ("  dropout: [0.1]\n", r"tiny.yaml: fairseq option 'dropout': takes one value, not the list \[0.1\]"),
+    ("  fp16: 1\n", r"tiny.yaml: fairseq option 'fp16': a flag takes true or false, not 1"),
 ])
 def test_bad_fairseq_option_fails_naming_it(tmp_path, line, message):
     config = load_config(_write(tmp_path, TINY.format(name="tiny") + line))

@@ -61,10 +61,13 @@ def option_origins(where: str | Path, options: Iterable[str], extra: Iterable[st
     return origins
 
 
-def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | None = None) -> argparse.Namespace:
+def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | None = None,
+                        values: dict[str, Any] | None = None) -> argparse.Namespace:
     """Parse ``fairseq-train DATA --user-dir <plugin> ARGS`` with fairseq's real training parser (arch and
     task options included) and return the namespace. An unknown option or a bad value raises
-    :class:`ConfigError` naming it; ``origins`` maps ``--flag`` to where it came from, for the message."""
+    :class:`ConfigError` naming it; ``origins`` maps ``--flag`` to where it came from, for the message.
+    ``values``, the config's ``{key: value}`` options that ARGS came from, are checked as fairseq reads them:
+    a flag takes true, false or null, and an option of one value takes no list."""
     from fairseq import options
 
     import mtsa_fairseq.plugin  # noqa: F401  (the package is imported already, so --user-dir registers nothing)
@@ -90,6 +93,12 @@ def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | No
         )
     finally:
         utils_log.setLevel(level)
+    for key, value in (values or {}).items():
+        action = parser._option_string_actions.get(f"--{key}")
+        if action is not None and action.nargs == 0 and not isinstance(value, (bool, type(None))):
+            raise ConfigError(f"{where(f'--{key}')}: a flag takes true or false, not {value!r}")
+        if action is not None and action.nargs in (None, "?") and isinstance(value, list):
+            raise ConfigError(f"{where(f'--{key}')}: takes one value, not the list {value!r}")
     flags = [token.split("=")[0] for token in unknown if token.startswith("-")]
     if flags:
         raise ConfigError(f"{where(flags[0])}: '{flags[0]}' is not a fairseq-train option "

@@ -183,7 +183,8 @@ def fairseq_args(config: TrainConfig) -> list[str]:
 
 def check_with_fairseq(config: TrainConfig, data: str = "DATA") -> argparse.Namespace:
     """Check every option of ``config`` against ``fairseq-train``'s parser; return the parsed namespace."""
-    return parse_fairseq_train(data, fairseq_args(config), option_origins(config.path, config.fairseq))
+    return parse_fairseq_train(data, fairseq_args(config), option_origins(config.path, config.fairseq),
+                               config.fairseq)
 
 
 def t2t_learning_rate(step: float, warmup: int, hidden_size: int = 512, constant: float = 2.0) -> float:

@@ -12,7 +12,8 @@ import torch
 
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
 from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
-from mtsa_fairseq.experiments.commands import multi30k_study as study
+from mtsa_fairseq.experiments.commands import multi30k_study
+from mtsa_fairseq.experiments.translation import study
 from mtsa_fairseq.experiments.translation.curves import budget
 from mtsa_fairseq.experiments.translation.train_config import is_mtsa_option, load_config
 
@@ -230,12 +231,12 @@ def test_budget_from_a_probe_is_refused_until_it_fixes_one(tmp_path, monkeypatch
     monkeypatch.setattr(study.subprocess, "run", lambda cmd, **_: launched.append(cmd) or subprocess.CompletedProcess(
         cmd, 1))  # the pipeline is not run here: its command line is what the budget changes
     with pytest.raises(SystemExit, match="the pipeline failed"):
-        study._main()
+        multi30k_study._main()
     assert launched[0][launched[0].index("--train-args") + 1] == "--extra-args '--max-update 700'"
     assert "budget: 700 updates, the first validation at which every run of the probe" in capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", [*args, "--ablation"])
     with pytest.raises(SystemExit, match="the pipeline failed"):
-        study._main()
+        multi30k_study._main()
     ablation = launched[1]
     option = lambda name, n=1: ablation[ablation.index(name) + 1:ablation.index(name) + 1 + n]  # noqa: E731
     assert option("--baseline-config") == [str(study.STUDY.configs["system"])]
@@ -299,7 +300,7 @@ def test_each_seed_is_trained_then_scored_before_the_next_and_a_scored_run_needs
     monkeypatch.setattr(study.subprocess, "run", run)
     monkeypatch.setattr(study, "averaged_checkpoint", lambda run_dir: averaged.append(run_dir) or run_dir / "avg.pt")
     with pytest.raises(SystemExit, match="the pipeline failed"):
-        study._main()
+        multi30k_study._main()
     scores = lambda seed: [("score", f"{config.stem}_seed{seed}_{test}{suffix}.json", option)  # noqa: E731
                            for config in study.STUDY.configs.values()
                            for suffix, option in (("", "--run-dir"), ("_avg5", "--checkpoint"))
@@ -310,7 +311,7 @@ def test_each_seed_is_trained_then_scored_before_the_next_and_a_scored_run_needs
     calls.clear()
     averaged.clear()
     with pytest.raises(SystemExit, match="the pipeline failed"):  # rerun: every score exists, no checkpoint needed
-        study._main()
+        multi30k_study._main()
     assert calls == [("pipeline", [1], True), ("pipeline", [2], True), ("pipeline", [1, 2], False)] and not averaged
 
 
@@ -332,7 +333,7 @@ def test_the_tiny_recipe_trains_its_own_configs_and_takes_the_budget_of_its_own_
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--multi30k", str(raw), "--out", str(tmp_path / "out"), "--recipe",
                                       "tiny", "--budget-from", str(tmp_path / "probe")])
     with pytest.raises(SystemExit, match="the pipeline failed"):
-        study._main()
+        multi30k_study._main()
     cmd = launched[0]
     assert Path(cmd[cmd.index("--baseline-config") + 1]).name == "multi30k_tiny_transformer.yaml"
     assert Path(cmd[cmd.index("--system-config") + 1]).name == "multi30k_tiny_mtsa.yaml"

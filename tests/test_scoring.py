@@ -4,6 +4,7 @@ tiny corpus."""
 import json
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from process_helpers import processes_naming, wait_for
 from sacremoses import MosesTokenizer
 
 import mtsa_fairseq.plugin
+from mtsa_fairseq.contracts import RUN_SCHEMA, checksums
 from mtsa_fairseq.experiments.processes import RunLock
 from mtsa_fairseq.experiments.translation import scoring
 from mtsa_fairseq.experiments.translation.data_prep import count_lines
@@ -243,7 +245,7 @@ def test_missing_checkpoint_is_an_error(trained, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["exists", "empty_reference", "missing_reference", "not_utf8_reference",
-                                  "unknown_test"])
+                                  "unknown_test", "other_dictionary", "changed_data", "diverged"])
 def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
     root = trained
     out = tmp_path / "r.json"
@@ -263,12 +265,40 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
         reference = tmp_path / "latin1.de"
         reference.write_bytes("der hund\ndie Stra\u00dfe\n".encode("latin-1"))
         message = f"{reference}:2: not valid UTF-8"
-    if case == "unknown_test":
-        (tmp_path / "manifest.json").write_text(json.dumps({
-            "schema": "mtsa-fairseq.data.v1", "data_bin": str(root / "bin"), "spm_model": None,
-            "tests": {"newstest2014": {"subset": "test", "reference": str(reference)}}}))
-        args += ["--data", str(tmp_path), "--test", "newstest2017"]
+    if case in ("other_dictionary", "diverged"):  # a run.json beside the checkpoint
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run/checkpoint_last.pt").symlink_to(root / "ckpt/checkpoint_last.pt")
+        args[1] = str(tmp_path / "run/checkpoint_last.pt")
+        dictionaries = {name: entry["sha256"] for name, entry in
+                        checksums(root / "bin", ["dict.en.txt", "dict.de.txt"]).items()}
+        record = {"schema": RUN_SCHEMA, "status": "done", "dictionaries": dictionaries}
+        if case == "other_dictionary":  # another corpus's dictionary of the same size: two entries swapped
+            shutil.copytree(root / "bin", tmp_path / "bin")
+            lines = (tmp_path / "bin/dict.de.txt").read_text().splitlines(keepends=True)
+            lines[4], lines[5] = lines[5], lines[4]
+            (tmp_path / "bin/dict.de.txt").write_text("".join(lines))
+            message = (f"{args[1]} was trained with another dict.de.txt than {tmp_path / 'bin/dict.de.txt'} (its "
+                       "run.json records the dictionaries it was trained with)")
+        else:
+            record.update(status="diverged", last_loss=194403.0)
+            message = (f"run {tmp_path / 'run'} diverged (its last training loss is 194403.0): pass "
+                       "--allow-diverged to score it anyway")
+        (tmp_path / "run/run.json").write_text(json.dumps(record))
+        data_bin = tmp_path / "bin" if case == "other_dictionary" else root / "bin"
+        args += ["--data-bin", str(data_bin), "--reference", str(reference)]
+    elif case in ("unknown_test", "changed_data"):
+        manifest = {"schema": "mtsa-fairseq.data.v1", "data_bin": "bin", "spm_model": None,
+                    "tests": {"newstest2014": {"subset": "test", "reference": str(reference)}}}
+        shutil.copytree(root / "bin", tmp_path / "bin")
+        manifest["checksums"] = checksums(tmp_path, [f"bin/{p.name}" for p in (tmp_path / "bin").glob("*.*")])
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+        args += ["--data", str(tmp_path), "--test", "newstest2017" if case == "unknown_test" else "newstest2014"]
         message = "test set 'newstest2017' is not in"
+        if case == "changed_data":  # token ids edited inside the test set's .bin
+            data = bytearray((tmp_path / "bin/test.en-de.en.bin").read_bytes())
+            data[3] ^= 1
+            (tmp_path / "bin/test.en-de.en.bin").write_bytes(data)
+            message = f"{tmp_path / 'bin/test.en-de.en.bin'} changed after preparation (SHA-256 differs from"
     else:
         args += ["--data-bin", str(root / "bin"), "--reference", str(reference)]
     before = sorted(tmp_path.iterdir())

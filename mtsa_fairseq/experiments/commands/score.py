@@ -3,8 +3,7 @@
 Writes RESULT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<RESULT stem>.hyp.txt);
 the result names its checkpoint, hypotheses and references relative to RESULT's folder.
 Option errors exit with status 2, errors in the inputs (run record, checkpoint, data, references) with 1.
-BLEU values: sacreBLEU (detokenised, with its signature), tokenised compound-split BLEU (Vaswani et al.)
-and t2t-bleu's case-sensitive international-tokenisation BLEU; see mtsa_fairseq/experiments/translation/scoring.py.
+BLEU values: sacreBLEU, tokenised compound-split BLEU and t2t-bleu's (mtsa_fairseq/experiments/translation/scoring.py).
 """
 
 from __future__ import annotations
@@ -13,17 +12,10 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.files import readable_json, write_json
 from mtsa_fairseq.experiments.processes import RunLock, run_command
 from mtsa_fairseq.experiments.translation import scoring
-
-
-def fail(message: str) -> NoReturn:
-    """A runtime error (the inputs, not the options): one line, exit status 1."""
-    sys.exit(f"error: {message}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--system", help="system name in the result (default: run.json's, else the arch)")
     parser.add_argument("--setup", help="setup name in the result (default: run.json's, else none)")
     parser.add_argument("--seed", type=int, help="seed in the result (default: run.json's, else the checkpoint's)")
+    parser.add_argument("--allow-diverged", action="store_true", help="score a run recorded diverged (marked so)")
     gen = parser.add_argument_group("generation (defaults: the MTSA paper's t2t decoding)")
     gen.add_argument("--beam", type=int, default=4, help="beam size (default: 4)")
     gen.add_argument("--lenpen", type=float, default=0.6,
@@ -63,58 +56,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Path, dict | None]:
-    """The checkpoint to score and the run.json that describes it (if any)."""
-    try:
-        if args.run_dir is not None:
-            run = read_run(args.run_dir, scoring.ScoringError)
-            if run.get("status") != "done":
-                fail(f"run {args.run_dir} has status {run.get('status')!r}, not 'done'")
-            if not run.get("checkpoint"):
-                fail(f"{args.run_dir / 'run.json'} names no checkpoint")
-            checkpoint = Path(run["checkpoint"])  # read_run resolves it (run.json names it from the run directory)
-        else:
-            checkpoint = args.checkpoint
-            has_run = (checkpoint.parent / "run.json").is_file()
-            run = read_run(checkpoint.parent, scoring.ScoringError) if has_run else None
-    except scoring.ScoringError as exc:
-        fail(str(exc))
-    if not checkpoint.is_file():
-        fail(f"checkpoint not found: {checkpoint}")
-    return checkpoint, run
-
-
-def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[scoring.ScoringInputs, str]:
-    """The test set inputs and the test set name."""
+def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> scoring.ScoringInputs:
+    """The test set's inputs (a usage error exits 2, an input error raises :class:`scoring.ScoringError`)."""
     if (args.data is None) == (args.data_bin is None):
         parser.error("give either --data DIR --test NAME or --data-bin DIR --reference FILE")
-    try:
-        if args.data is not None:
-            if not args.test:
-                parser.error("--data needs --test NAME")
-            for name in ("reference", "spm_model", "source_lang", "target_lang"):
-                if getattr(args, name) is not None:
-                    parser.error(f"--{name.replace('_', '-')} goes with --data-bin; --data reads it from manifest.json")
-            inputs = scoring.inputs_from_manifest(args.data, scoring.read_manifest(args.data), args.test)
-            name = args.test
-        else:
-            if args.reference is None:
-                parser.error("--data-bin needs --reference FILE")
-            inputs = scoring.ScoringInputs(args.data_bin, args.gen_subset, args.reference, args.spm_model,
-                                           args.source_lang, args.target_lang, None)
-            name = args.test or args.gen_subset
-    except scoring.ScoringError as exc:
-        fail(str(exc))
-    if not inputs.data_bin.is_dir():
-        fail(f"data-bin directory not found: {inputs.data_bin}")
-    if inputs.spm_model is not None and not inputs.spm_model.is_file():
-        fail(f"sentencepiece model not found: {inputs.spm_model}")
-    return inputs, name
+    if args.data is None:
+        if args.reference is None:
+            parser.error("--data-bin needs --reference FILE")
+        return scoring.ScoringInputs(args.data_bin, args.gen_subset, args.reference, args.spm_model,
+                                     args.source_lang, args.target_lang, None)
+    if not args.test:
+        parser.error("--data needs --test NAME")
+    for name in ("reference", "spm_model", "source_lang", "target_lang"):
+        if getattr(args, name) is not None:
+            parser.error(f"--{name.replace('_', '-')} goes with --data-bin; --data reads it from manifest.json")
+    return scoring.inputs_from_manifest(args.data, scoring.read_manifest(args.data), args.test)
 
 
 def main() -> None:
-    """The command: usage errors exit 2, input and environment errors 1 (one line), Ctrl-C 130, SIGTERM 143;
-    fairseq-generate stops with it."""
+    """The command (environment errors: one line, status 1; Ctrl-C 130, SIGTERM 143, fairseq-generate with it)."""
     run_command(_main)
 
 
@@ -130,71 +90,57 @@ def _main() -> None:
         parser.error("--max-len-a must not be negative")
     if args.max_tokens is None and args.batch_size is None:
         args.max_tokens = 4096
-
-    checkpoint, run = resolve_model(args, parser)
-    inputs, test_name = resolve_data(args, parser)
     try:
-        references = scoring.read_references(inputs.reference, inputs.lines)
+        checkpoint, run = scoring.resolve_checkpoint(args.run_dir, args.checkpoint, args.allow_diverged)
+        inputs = resolve_data(args, parser)
+        scoring.check_dictionaries(run, checkpoint, inputs.data_bin)
+        references = scoring.read_test_set(inputs)
     except scoring.ScoringError as exc:
-        fail(str(exc))
-    hyp_path = args.result.with_name(args.result.stem + ".hyp.txt")
+        sys.exit(f"error: {exc}")
     try:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock(args.result.with_name(f".{args.result.name}.lock"), f"result {args.result}", "scorer")
         lock.acquire(scoring.ScoringError)
     except (OSError, scoring.ScoringError) as exc:
-        fail(str(exc))
+        sys.exit(f"error: {exc}")
     with lock:
         if args.result.exists() and not args.overwrite:
             if readable_json(args.result):
                 parser.error(f"{args.result} exists (pass --overwrite to replace it)")
             print(f"note: {args.result} is empty or unreadable: scoring again", file=sys.stderr)
         try:
-            score(args, parser, checkpoint, run, inputs, test_name, references, hyp_path)
+            score(args, parser, checkpoint, run or {}, inputs, references)
         except OSError as exc:  # a full disk, a vanished directory: the previous files stay whole
-            fail(f"{exc.strerror or exc} ({exc.filename or args.result})")
+            sys.exit(f"error: {exc.strerror or exc} ({exc.filename or args.result})")
 
 
-def score(args: argparse.Namespace, parser: argparse.ArgumentParser, checkpoint: Path, run: dict | None,
-          inputs: scoring.ScoringInputs, test_name: str, references: list[str], hyp_path: Path) -> None:
-    """Translate, score and write the hypotheses, then the result (each atomically: the result last, so that
-    a result file always has its hypotheses)."""
+def score(args: argparse.Namespace, parser: argparse.ArgumentParser, checkpoint: Path, run: dict,
+          inputs: scoring.ScoringInputs, references: list[str]) -> None:
+    """Translate, score, write the hypotheses and then the result (each atomically: a result has its hypotheses)."""
+    generation = {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
     try:
         info = scoring.checkpoint_info(checkpoint, inputs.data_bin)
-    except Exception as exc:  # fairseq raises many kinds for unloadable checkpoints
-        reason = (str(exc).strip().splitlines() or [""])[0]  # torch's explanations run over several lines
-        fail(f"cannot load checkpoint {checkpoint}: {type(exc).__name__}: {reason}")
-    source_lang = inputs.source_lang or info.source_lang
-    target_lang = inputs.target_lang or info.target_lang
-    if not target_lang:
-        parser.error("the target language is unknown: pass --target-lang")
-    generation = {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
-    cmd = scoring.generate_command(
-        inputs.data_bin, checkpoint, inputs.subset, max_tokens=args.max_tokens, batch_size=args.batch_size,
-        source_lang=source_lang, target_lang=target_lang, cpu=args.cpu, fp16=args.fp16, **generation,
-    )
-    print("running: " + " ".join(cmd), file=sys.stderr)
-    try:
-        output = scoring.run_generate(cmd, args.result.with_name(args.result.stem + ".generate.log"))
-        hypotheses = scoring.ordered_hypotheses(scoring.parse_generate_output(output), len(references), inputs.subset)
+        target_lang = inputs.target_lang or info.target_lang
+        if not target_lang:
+            parser.error("the target language is unknown: pass --target-lang")
+        hypotheses = scoring.translate(
+            checkpoint, inputs, len(references), args.result.with_name(args.result.stem + ".generate.log"),
+            max_tokens=args.max_tokens, batch_size=args.batch_size, source_lang=inputs.source_lang or info.source_lang,
+            target_lang=target_lang, cpu=args.cpu, fp16=args.fp16, **generation)
     except (RuntimeError, scoring.ScoringError) as exc:
-        fail(str(exc))
+        sys.exit(f"error: {exc}")
     hypotheses = scoring.detokenize(hypotheses, inputs.spm_model)
     bleu = scoring.bleu_scores(hypotheses, references, target_lang)
-
-    run = run or {}
+    hyp_path = args.result.with_name(args.result.stem + ".hyp.txt")
     result = scoring.build_result(
-        system=args.system or run.get("system") or info.arch,
-        setup=args.setup or run.get("setup"),
-        arch=info.arch,
-        seed=args.seed if args.seed is not None else run.get("seed", info.seed),
-        checkpoint=checkpoint, num_params=info.num_params, test_set=test_name, subset=inputs.subset,
-        hypotheses=hyp_path, references=inputs.reference, num_sentences=len(references), bleu=bleu,
-        generation=generation, folder=args.result.parent,
-    )
+        system=args.system or run.get("system") or info.arch, setup=args.setup or run.get("setup"), arch=info.arch,
+        seed=args.seed if args.seed is not None else run.get("seed", info.seed), checkpoint=checkpoint,
+        num_params=info.num_params, test_set=args.test or args.gen_subset, subset=inputs.subset, hypotheses=hyp_path,
+        references=inputs.reference, num_sentences=len(references), bleu=bleu, generation=generation,
+        folder=args.result.parent, diverged=(run.get("status") == "diverged"))
     scoring.write_lines(hyp_path, hypotheses)
     write_json(args.result, result, indent=2)
-    print(f"{test_name} ({len(references)} sentences), {result['system']} seed {result['seed']}, "
+    print(f"{result['test_set']} ({len(references)} sentences), {result['system']} seed {result['seed']}, "
           f"{info.num_params:,} parameters")
     print(f"sacreBLEU {bleu['sacrebleu']:.2f}  signature: {bleu['signature']}")
     print(f"tokenized compound-split BLEU {bleu['tokenized_compound_split']:.2f}")

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mtsa_fairseq.experiments.files import atomic_path
 from mtsa_fairseq.experiments.plotting import pyplot
 
 _VALID = re.compile(r"\| valid \| .*")
@@ -129,7 +130,6 @@ def plot_curves(runs: dict[str, list[dict[str, float]]], path: Path, title: str)
         ax.legend(fontsize=7, ncol=2)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(path)

@@ -1,27 +1,26 @@
 """Scoring fairseq translations with BLEU, and the result-file contract (``mtsa-fairseq.result.v1``).
 
-``scripts/score.py`` runs ``fairseq-generate`` on one test subset, orders the ``H-<id>`` hypotheses by
-sentence id, decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data) and
-scores them against the untouched reference file (its lines as data preparation counted them, see
-:func:`mtsa_fairseq.contracts.iter_lines`). Every value is corpus BLEU with one reference,
-case-sensitive:
+``scripts/score.py`` runs ``fairseq-generate`` on one test subset, orders the ``H-<id>`` hypotheses by sentence id,
+decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data) and scores them against the
+untouched reference file (its lines as data preparation counted them, see :func:`mtsa_fairseq.contracts.iter_lines`).
+Every value is corpus BLEU with one reference, case-sensitive:
 
 ``sacrebleu``
     sacreBLEU's default BLEU (``13a`` tokeniser, ``exp`` smoothing) on the detokenised hypotheses; the
     signature string is stored next to it. This is the number to compare across papers.
 ``tokenized_compound_split``
     what Vaswani et al. (2017) and fairseq's ``compound_split_bleu.sh`` report: hypotheses and references
-    Moses-tokenised (sacremoses, ``escape=False``, target language), hyphenated compounds split
-    (``(\\S)-(\\S)`` -> ``\\1 ##AT##-##AT## \\2``), then BLEU on those tokens with multi-bleu.perl semantics
-    (sacreBLEU with ``tokenize="none"`` and no smoothing). Tokenisation choices move it by about a point,
-    so it is only comparable with numbers computed the same way.
+    Moses-tokenised (sacremoses, ``escape=False``, target language), hyphenated compounds split (``(\\S)-(\\S)`` ->
+    ``\\1 ##AT##-##AT## \\2``), then BLEU on those tokens with multi-bleu.perl semantics (sacreBLEU with
+    ``tokenize="none"`` and no smoothing). Tokenisation choices move it by about a point, so it is only comparable
+    with numbers computed the same way.
 ``t2t_intl``
     what tensor2tensor's ``t2t-bleu`` reports as ``BLEU_cased``, the MTSA paper's metric: the mteval-v14
-    international tokenisation (sacreBLEU's ``intl`` tokeniser) with the ``exp`` smoothing that t2t's
-    ``compute_bleu`` also applies.
+    international tokenisation (sacreBLEU's ``intl`` tokeniser) with the ``exp`` smoothing that t2t's ``compute_bleu``
+    also applies.
 
-Hypotheses are whitespace-normalised (runs of whitespace, including any line separator a decoded piece
-may contain, become one space), so the hypotheses file has exactly one line per sentence.
+Hypotheses are whitespace-normalised (runs of whitespace, including any line separator a decoded piece may contain,
+become one space), so the hypotheses file has exactly one line per sentence.
 """
 
 from __future__ import annotations
@@ -33,7 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtsa_fairseq.contracts import MANIFEST_SCHEMA, RESULT_SCHEMA, read_json, read_lines, record_path, relative_path
+from mtsa_fairseq.contracts import (
+    MANIFEST_SCHEMA,
+    RESULT_SCHEMA,
+    check_checksums,
+    checksums,
+    read_json,
+    read_lines,
+    read_run,
+    record_path,
+    relative_path,
+)
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic
 from mtsa_fairseq.experiments.processes import run_logged
@@ -132,49 +141,23 @@ def bleu_scores(hypotheses: Sequence[str], references: Sequence[str], target_lan
     if len(hypotheses) != len(references):
         raise ScoringError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     score, signature = sacrebleu_bleu(hypotheses, references)
-    return {
-        "sacrebleu": score,
-        "signature": signature,
-        "tokenized_compound_split": tokenized_compound_split_bleu(hypotheses, references, target_lang),
-        "t2t_intl": t2t_intl_bleu(hypotheses, references),
-    }
+    return {"sacrebleu": score, "signature": signature,
+            "tokenized_compound_split": tokenized_compound_split_bleu(hypotheses, references, target_lang),
+            "t2t_intl": t2t_intl_bleu(hypotheses, references)}
 
 
-def build_result(
-    *,
-    system: str,
-    setup: str | None,
-    arch: str,
-    seed: int | None,
-    checkpoint: Path,
-    num_params: int,
-    test_set: str,
-    subset: str,
-    hypotheses: Path,
-    references: Path,
-    num_sentences: int,
-    bleu: dict[str, Any],
-    generation: dict[str, Any],
-    folder: Path,
-) -> dict[str, Any]:
+def build_result(*, system: str, setup: str | None, arch: str, seed: int | None, checkpoint: Path, num_params: int,
+                 test_set: str, subset: str, hypotheses: Path, references: Path, num_sentences: int,
+                 bleu: dict[str, Any], generation: dict[str, Any], folder: Path,
+                 diverged: bool = False) -> dict[str, Any]:
     """A result dict in the ``mtsa-fairseq.result.v1`` layout for a result file in ``folder``: ``checkpoint``,
-    ``hypotheses`` and ``references`` relative to ``folder`` (read them back with :func:`result_file`)."""
-    return {
-        "schema": RESULT_SCHEMA,
-        "system": system,
-        "setup": setup,
-        "arch": arch,
-        "seed": seed,
-        "checkpoint": relative_path(checkpoint, folder),
-        "num_params": int(num_params),
-        "test_set": test_set,
-        "subset": subset,
-        "num_sentences": int(num_sentences),
-        "hypotheses": relative_path(hypotheses, folder),
-        "references": relative_path(references, folder),
-        "bleu": dict(bleu),
-        "generation": dict(generation),
-    }
+    ``hypotheses`` and ``references`` relative to ``folder`` (read them back with :func:`result_file`); a
+    ``diverged`` run's result says so (``"diverged": true``), which significance tests refuse unless asked."""
+    return {"schema": RESULT_SCHEMA, "system": system, "setup": setup, "arch": arch, "seed": seed,
+            "checkpoint": relative_path(checkpoint, folder), "num_params": int(num_params), "test_set": test_set,
+            "subset": subset, "num_sentences": int(num_sentences), "hypotheses": relative_path(hypotheses, folder),
+            "references": relative_path(references, folder), "bleu": dict(bleu), "generation": dict(generation),
+            **({"diverged": True} if diverged else {})}
 
 
 def result_file(result: dict[str, Any], key: str, path: Path) -> Path:
@@ -186,6 +169,41 @@ def result_file(result: dict[str, Any], key: str, path: Path) -> Path:
 def read_manifest(data_dir: Path) -> dict[str, Any]:
     """``DIR/manifest.json`` of a prepared data directory (schema ``mtsa-fairseq.data.v1``)."""
     return read_json(Path(data_dir) / "manifest.json", MANIFEST_SCHEMA, "manifest", ScoringError)
+
+
+def resolve_checkpoint(run_dir: Path | None, checkpoint: Path | None,
+                       allow_diverged: bool = False) -> tuple[Path, dict[str, Any] | None]:
+    """The checkpoint to score and the run.json that describes it: a finished run's (``run_dir``), or
+    ``checkpoint`` with the run.json beside it (None without one). A diverged run is refused unless
+    ``allow_diverged``."""
+    if run_dir is not None:
+        run = read_run(run_dir, ScoringError)
+        if run.get("status") not in ("done", "diverged"):
+            raise ScoringError(f"run {run_dir} has status {run.get('status')!r}, not 'done'")
+        if not run.get("checkpoint"):
+            raise ScoringError(f"{run_dir / 'run.json'} names no checkpoint")
+        checkpoint = Path(run["checkpoint"])  # read_run resolves it (run.json names it from the run directory)
+    else:
+        run_dir = checkpoint.parent
+        run = read_run(run_dir, ScoringError) if (run_dir / "run.json").is_file() else None
+    if run and run.get("status") == "diverged" and not allow_diverged:
+        raise ScoringError(f"run {run_dir} diverged (its last training loss is {run.get('last_loss')}): pass "
+                           "--allow-diverged to score it anyway")
+    if not checkpoint.is_file():
+        raise ScoringError(f"checkpoint not found: {checkpoint}")
+    return checkpoint, run
+
+
+def check_dictionaries(run: dict[str, Any] | None, checkpoint: Path, data_bin: Path) -> None:
+    """Refuse to score ``checkpoint`` on ``data_bin`` when the dictionaries its run.json recorded (their SHA-256)
+    are not the data's: the same size or not, the token ids would mean other words."""
+    recorded = (run or {}).get("dictionaries") or {}
+    missing = [name for name in recorded if not (Path(data_bin) / name).is_file()]
+    found = checksums(data_bin, [name for name in recorded if name not in missing])
+    differs = missing + [name for name, entry in found.items() if entry["sha256"] != recorded[name]]
+    if differs:
+        raise ScoringError(f"{checkpoint} was trained with another {differs[0]} than {Path(data_bin) / differs[0]} "
+                           "(its run.json records the dictionaries it was trained with): score it on its own data")
 
 
 @dataclass(frozen=True)
@@ -213,23 +231,20 @@ def inputs_from_manifest(data_dir: Path, manifest: dict[str, Any], test_name: st
             raise ScoringError(f"manifest entry tests.{test_name} has no {key!r}")
     if not manifest.get("data_bin"):
         raise ScoringError("manifest has no 'data_bin'")
+    prefix = f"{manifest['data_bin']}/"
+    used = (f"{prefix}dict.", f"{prefix}{entry['subset']}.")  # the dictionaries and the test set's own files
+    check_checksums(Path(data_dir), {name: value for name, value in (manifest.get("checksums") or {}).items()
+                                     if name.startswith(used)}, ScoringError)
     spm = manifest.get("spm_model")
-    return ScoringInputs(
-        data_bin=Path(data_dir) / manifest["data_bin"],
-        subset=entry["subset"],
-        reference=Path(data_dir) / entry["reference"],
-        spm_model=Path(data_dir) / spm if spm else None,
-        source_lang=manifest.get("source_lang"),
-        target_lang=manifest.get("target_lang"),
-        lines=entry.get("lines"),
-    )
+    return ScoringInputs(data_bin=Path(data_dir) / manifest["data_bin"], subset=entry["subset"],
+                         reference=Path(data_dir) / entry["reference"], spm_model=Path(data_dir) / spm if spm else None,
+                         source_lang=manifest.get("source_lang"), target_lang=manifest.get("target_lang"),
+                         lines=entry.get("lines"))
 
 
 def read_references(path: Path, expected_lines: int | None = None) -> list[str]:
-    """The reference lines, read as data preparation read them (:func:`mtsa_fairseq.contracts.iter_lines`).
-
-    The file must exist, be valid UTF-8, be non-empty and match ``expected_lines`` when given.
-    """
+    """The reference lines, read as data preparation read them (:func:`mtsa_fairseq.contracts.iter_lines`): the
+    file must exist, be valid UTF-8, be non-empty and match ``expected_lines`` when given."""
     if not Path(path).is_file():
         raise ScoringError(f"reference file not found: {path}")
     refs = read_lines(path, ScoringError)
@@ -238,6 +253,16 @@ def read_references(path: Path, expected_lines: int | None = None) -> list[str]:
     if expected_lines is not None and len(refs) != expected_lines:
         raise ScoringError(f"reference file {path} has {len(refs)} lines, the manifest says {expected_lines}")
     return refs
+
+
+def read_test_set(inputs: ScoringInputs) -> list[str]:
+    """The references of test set ``inputs`` (:func:`read_references`), once its data-bin directory and
+    sentencepiece model are found."""
+    if not inputs.data_bin.is_dir():
+        raise ScoringError(f"data-bin directory not found: {inputs.data_bin}")
+    if inputs.spm_model is not None and not inputs.spm_model.is_file():
+        raise ScoringError(f"sentencepiece model not found: {inputs.spm_model}")
+    return read_references(inputs.reference, inputs.lines)
 
 
 @dataclass(frozen=True)
@@ -252,42 +277,29 @@ class CheckpointInfo:
 
 
 def checkpoint_info(checkpoint: Path, data_bin: Path) -> CheckpointInfo:
-    """Build the model saved in ``checkpoint`` (dictionaries from ``data_bin``) and count its parameters.
+    """Build the model saved in ``checkpoint`` (dictionaries from ``data_bin``) and count its parameters; a
+    checkpoint that does not load raises :class:`ScoringError` with the first line of the reason."""
+    try:
+        from fairseq import checkpoint_utils
 
-    """
-    from fairseq import checkpoint_utils
+        import mtsa_fairseq.plugin  # noqa: F401  (the architectures, and what fairseq checkpoints pickle)
 
-    import mtsa_fairseq.plugin  # noqa: F401  (the architectures, and what fairseq checkpoints pickle)
-
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data_bin)}
-    )
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+            [str(checkpoint)], arg_overrides={"data": str(data_bin)}
+        )
+    except Exception as exc:  # fairseq raises many kinds for unloadable checkpoints
+        reason = (str(exc).strip().splitlines() or [""])[0]  # torch's explanations run over several lines
+        raise ScoringError(f"cannot load checkpoint {checkpoint}: {type(exc).__name__}: {reason}") from exc
     arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", None)
-    return CheckpointInfo(
-        arch=str(arch),
-        num_params=sum(p.numel() for p in models[0].parameters()),
-        seed=getattr(cfg.common, "seed", None),
-        source_lang=getattr(task.cfg, "source_lang", None),  # inferred from data_bin when not saved
-        target_lang=getattr(task.cfg, "target_lang", None),
-    )
+    return CheckpointInfo(arch=str(arch), num_params=sum(p.numel() for p in models[0].parameters()),
+                          seed=getattr(cfg.common, "seed", None),
+                          source_lang=getattr(task.cfg, "source_lang", None),  # inferred from data_bin if not saved
+                          target_lang=getattr(task.cfg, "target_lang", None))
 
 
-def generate_command(
-    data_bin: Path,
-    checkpoint: Path,
-    subset: str,
-    *,
-    beam: int,
-    lenpen: float,
-    max_len_a: float,
-    max_len_b: int,
-    max_tokens: int | None,
-    batch_size: int | None,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
-    cpu: bool = False,
-    fp16: bool = False,
-) -> list[str]:
+def generate_command(data_bin: Path, checkpoint: Path, subset: str, *, beam: int, lenpen: float, max_len_a: float,
+                     max_len_b: int, max_tokens: int | None, batch_size: int | None, source_lang: str | None = None,
+                     target_lang: str | None = None, cpu: bool = False, fp16: bool = False) -> list[str]:
     """The ``fairseq-generate`` command line that translates every sentence of ``subset``."""
     executable = Path(sys.executable).parent / "fairseq-generate"
     cmd = [
@@ -296,19 +308,19 @@ def generate_command(
         "--beam", str(beam), "--lenpen", str(lenpen), "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b),
         "--nbest", "1", "--required-batch-size-multiple", "1", "--num-workers", "0",
     ]
-    if max_tokens is not None:
-        cmd += ["--max-tokens", str(max_tokens)]
-    if batch_size is not None:
-        cmd += ["--batch-size", str(batch_size)]
-    if source_lang:
-        cmd += ["--source-lang", source_lang]
-    if target_lang:
-        cmd += ["--target-lang", target_lang]
-    if cpu:
-        cmd.append("--cpu")
-    if fp16:
-        cmd.append("--fp16")
-    return cmd
+    for option, value in (("--max-tokens", max_tokens), ("--batch-size", batch_size)):
+        cmd += [option, str(value)] if value is not None else []
+    for option, value in (("--source-lang", source_lang), ("--target-lang", target_lang)):
+        cmd += [option, value] if value else []
+    return cmd + (["--cpu"] if cpu else []) + (["--fp16"] if fp16 else [])
+
+
+def translate(checkpoint: Path, inputs: ScoringInputs, num_sentences: int, log_path: Path, **options: Any) -> list[str]:
+    """The hypotheses of ``checkpoint`` for every sentence of the test set ``inputs``, in sentence order, not yet
+    decoded: fairseq-generate (:func:`generate_command` with ``options``), its output in ``log_path``."""
+    cmd = generate_command(inputs.data_bin, checkpoint, inputs.subset, **options)
+    print("running: " + " ".join(cmd), file=sys.stderr)
+    return ordered_hypotheses(parse_generate_output(run_generate(cmd, log_path)), num_sentences, inputs.subset)
 
 
 def run_generate(cmd: Sequence[str], log_path: Path) -> str:

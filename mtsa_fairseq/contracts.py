@@ -135,13 +135,15 @@ def check_checksums(root: Path, recorded: dict[str, dict[str, Any]], error: type
 
 
 def read_sentence_manifest(data: str | Path) -> dict[str, Any]:
-    """A prepared sentence dataset's ``manifest.json``; ``ValueError`` naming the problem otherwise."""
+    """A prepared sentence dataset's ``manifest.json``, its files checked against the checksums it recorded;
+    ``ValueError`` naming the problem otherwise."""
     path = Path(data) / "manifest.json"
     if not path.is_file():
         raise ValueError(f"{data} has no manifest.json (prepare it with scripts/prepare_sentence_data.py)")
     manifest = read_json(path, SENTENCE_DATA_SCHEMA, "manifest", ValueError)
     if manifest.get("kind") not in SENTENCE_KINDS:
         raise ValueError(f"{path}: kind must be one of {SENTENCE_KINDS}, got {manifest.get('kind')!r}")
+    check_checksums(Path(data), manifest.get("checksums") or {})
     return manifest
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fairseq.data import Dictionary, data_utils
 
-from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA
+from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA, read_sentence_manifest
 from mtsa_fairseq.experiments.sentence.data import (
     DataError,
     SentenceDataConfig,
@@ -35,7 +35,7 @@ SCRIPT = ROOT / "scripts" / "prepare_sentence_data.py"
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 MANIFEST_KEYS = {"schema", "dataset", "kind", "labels", "splits", "num_folds", "num_train_words", "lowercase",
-                 "sources", "dropped", "options"}
+                 "sources", "dropped", "options", "checksums"}
 TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 
 
@@ -188,6 +188,13 @@ def test_sst5_tiny_nodes_oversampling_and_dictionary(tmp_path):
                                                              "it 2", "the 2"]
     check_dictionary(out, nodes, [["a", "awful"], ["so", "so"], ["great", "fun"]], m["num_train_words"])
     assert lines(out / "dict.txt")[m["num_train_words"]:] == ["so 2", "a 1", "awful 1", "fun 1", "great 1"]
+    assert sorted(m["checksums"]) == sorted(p.name for p in out.iterdir() if p.name != "manifest.json")
+    assert read_sentence_manifest(out) == m
+    data = bytearray((out / "test.input0.bin").read_bytes())
+    data[0] ^= 1  # a token id edited after preparation
+    (out / "test.input0.bin").write_bytes(data)
+    with pytest.raises(ValueError, match=re.escape(f"{out / 'test.input0.bin'} changed after preparation (SHA-256")):
+        read_sentence_manifest(out)
 
 
 def test_sst2_tiny_drops_neutral_and_maps_labels(tmp_path):

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA
+from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA, checksums
 from mtsa_fairseq.experiments.errors import DataError
 from mtsa_fairseq.experiments.files import current_umask, move_into_place, staging_dir
 
@@ -584,12 +584,13 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 
 def build_manifest(cfg: SentenceDataConfig, splits: dict[str, Split], written: dict[str, int],
-                   num_train_words: int) -> dict:
+                   num_train_words: int, files: dict[str, dict]) -> dict:
     """The ``manifest.json`` of a prepared directory (schema ``mtsa-fairseq.sentence-data.v1``).
 
     ``splits``: examples written per split (oversampled ones included); ``dropped``: per split, the dropped
     examples by reason (only reasons that occurred); ``options``: the resolved options (``None`` where an option
-    does not apply), paths absolute.
+    does not apply), paths absolute; ``checksums``: ``files``, the :func:`~mtsa_fairseq.contracts.checksums` of
+    every file written, which training and evaluation check the data against.
     """
     options = {k: str(v.absolute()) if isinstance(v, Path) else v for k, v in asdict(cfg).items()
                if k not in ("dataset", "out")}
@@ -600,7 +601,7 @@ def build_manifest(cfg: SentenceDataConfig, splits: dict[str, Split], written: d
         "lowercase": not cfg.keep_case,
         "sources": {name: [str(p.absolute()) for p in split.sources] for name, split in splits.items()},
         "dropped": {name: dict(sorted(split.dropped.items())) for name, split in splits.items()},
-        "options": options,
+        "options": options, "checksums": files,
     }
 
 
@@ -639,7 +640,8 @@ def prepare(cfg: SentenceDataConfig, log: Callable[[str], None] = print) -> dict
             written[name] = len(order)
         if cfg.dataset in CLASS_FILES:
             _write_lines(tmp / "train.fold", list(map(str, assign_folds(written["train"], cfg.fold_seed))))
-        manifest = build_manifest(cfg, splits, written, num_train_words)
+        manifest = build_manifest(cfg, splits, written, num_train_words,
+                                  checksums(tmp, [p.name for p in tmp.iterdir()]))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o777 & ~current_umask())
         move_into_place(tmp, out)

@@ -365,6 +365,7 @@ def test_slurm_jobs_dry_run(corpus, tmp_path, capsys):
     command = out[1].split()
     assert "fairseq-train" in command[0] and "--cpu" not in command and command[-4:] == [
         "--distributed-world-size", "2", "--distributed-port", "12003"]
+    assert "--load-checkpoint-on-all-dp-ranks" in command  # a resume loads on every rank, no pickled broadcast
     assert not (tmp_path / "runs").exists()
     if shutil.which("sbatch") is None:
         with pytest.raises(LaunchError, match="sbatch, which is not on PATH"):
@@ -515,3 +516,49 @@ def test_a_diverged_run_is_recorded_diverged_and_fails_the_launch(corpus, tmp_pa
     assert proc.returncode == 1 and record["status"] == "diverged" and record["num_updates"] == 20
     assert f"seed 1: diverged at 20 updates (training diverged: its last training loss is {record['last_loss']})" \
         in proc.stdout + proc.stderr
+
+
+def _two_nodes(config: Path, data: Path, save_root: Path, port: int) -> list[subprocess.Popen]:
+    """train_seeds.py as two torchrun "nodes" on 127.0.0.1, one CPU process each (gloo), seed 4."""
+    common = ["--config", str(config), "--data", str(data), "--save-root", str(save_root), "--seeds", "4",
+              "--threads", "1", "--launcher", "torchrun", "--nnodes", "2", "--cpu", "--master-addr", "127.0.0.1",
+              "--master-port", str(port)]
+    return [subprocess.Popen([sys.executable, str(ROOT / "scripts/train_seeds.py"), *common, "--node-rank", str(rank)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV) for rank in (0, 1)]
+
+
+def test_torchrun_two_nodes_on_one_host(corpus, tmp_path):
+    """Node 0 records the run, node 1 joins it, and both train the same updates to the end."""
+    config = write_config(tmp_path / "configs", name="tiny_nodes", updates=6)
+    nodes = _two_nodes(config, corpus / "prepared/bin", tmp_path / "runs", 29743)
+    outputs = [node.communicate(timeout=900)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    run_dir = tmp_path / "runs" / "tiny_nodes" / "seed4"
+    record = run_json(run_dir)
+    assert record["status"] == "done" and record["world_size"] == 2 and record["num_updates"] == 6
+    assert "--nnodes 2 --node_rank 1 --master_addr 127.0.0.1" in outputs[1]
+    # every update is an all-reduce over both ranks, so node 1 trained all 6 updates before node 0 could finish
+    assert "done training" in (run_dir / "train.log").read_text()
+    assert "initialized host" in (run_dir / "train.node1.log").read_text()
+
+
+def test_killing_one_node_stops_the_other_and_both_resume(corpus, tmp_path):
+    """kill -9 of node 1's launcher mid-run: its trainer follows it, node 0's trainer stops within a bounded time,
+    and rerunning both nodes resumes from checkpoint_last.pt to the end, never two trainers per rank."""
+    config = write_config(tmp_path / "configs", name="tiny_kill", updates=60)
+    run_dir = tmp_path / "runs" / "tiny_kill" / "seed4"
+    nodes = _two_nodes(config, corpus / "prepared/bin", tmp_path / "runs", 29747)
+    wait_for(lambda: (checkpoint_updates(run_dir / "checkpoint_last.pt") or 0) >= 5, "a checkpoint of both nodes",
+             timeout=600)
+    nodes[1].kill()
+    nodes[0].communicate(timeout=180)  # gloo fails the all-reduce as soon as rank 1's trainer is gone
+    assert nodes[0].returncode != 0 and run_json(run_dir)["status"] != "done"
+    wait_for(lambda: not trainers_on(run_dir), "no trainer left on the run", timeout=60)
+    stopped = checkpoint_updates(run_dir / "checkpoint_last.pt")
+    assert stopped < 60
+    rerun = _two_nodes(config, corpus / "prepared/bin", tmp_path / "runs", 29749)
+    outputs = [node.communicate(timeout=900)[0] for node in rerun]
+    assert [node.returncode for node in rerun] == [0, 0], outputs
+    record = run_json(run_dir)
+    assert record["status"] == "done" and record["resumed_from_updates"] == stopped
+    assert record["num_updates"] == 60

@@ -277,6 +277,9 @@ def _launched(command: list[str], options: LaunchOptions, cpu: bool, nnodes: int
               seed: int) -> list[str]:
     """``command`` as the launcher runs it: locally, under torchrun, or as a Slurm task."""
     world = nnodes * nproc
+    # Every rank reads checkpoint_last.pt itself on a resume: fairseq's broadcast of rank 0's loaded state is
+    # unpickled with torch.load(weights_only=True), which refuses the omegaconf config inside it (torch >= 2.6).
+    command = command + (["--load-checkpoint-on-all-dp-ranks"] if world > 1 else [])
     if options.launcher == "local":
         return command + ([] if cpu else ["--distributed-world-size", str(nproc)])  # fairseq spawns per GPU
     if options.launcher == "torchrun":

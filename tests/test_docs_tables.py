@@ -9,8 +9,10 @@ import pytest
 from scipy import stats
 
 from mtsa_fairseq.experiments.commands import docs_tables
-from mtsa_fairseq.experiments.sentence import experiment, lr_search
-from mtsa_fairseq.experiments.sentence.experiment import anchor_table, runs_table, summary_table
+from mtsa_fairseq.experiments.sentence import lr_search
+from mtsa_fairseq.experiments.sentence import report as sentence_report
+from mtsa_fairseq.experiments.sentence import runs as sentence_runs
+from mtsa_fairseq.experiments.sentence.report import anchor_table, runs_table, summary_table
 from mtsa_fairseq.experiments.significance import detectable_difference, equivalence_test, format_p, t_test
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import (
@@ -109,11 +111,11 @@ def test_anchor_table_is_a_one_sample_t_test_of_each_number():
 
 def test_anchor_table_of_another_metric_asks_whether_a_lower_mse_is_better():
     """SICK's anchors are published per metric; for MSE the one-sided test is that of the mean being lower."""
-    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    config = sentence_runs.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
     mse = (0.30, 0.27, 0.26)
     results = [{"arch": "a", "seed": s, "metrics": {"pearson": 0.85, "spearman": 0.80 + s / 100, "mse": m}}
                for s, m in zip((1, 2, 3), mse)]
-    summary = experiment.summarize(config, results, "a")
+    summary = sentence_report.summarize(config, results, "a")
     rows = anchor_table(summary, value=0.2879, label="DiSAN", metric="mse")
     assert rows[0].endswith("| p (two-sided) | p (mean < DiSAN) |")
     less = stats.ttest_1samp(mse, 0.2879, alternative="less").pvalue
@@ -132,9 +134,9 @@ def test_anchor_table_of_another_metric_asks_whether_a_lower_mse_is_better():
 
 
 def test_docs_tables_render_an_anchor_of_another_metric(tmp_path):
-    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    config = sentence_runs.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
     results = [{"arch": "a", "seed": s, "metrics": {"pearson": 0.8 + s / 100, "mse": 0.3 - s / 100}} for s in (1, 2)]
-    (tmp_path / "report.json").write_text(json.dumps(experiment.summarize(config, results, "a")))
+    (tmp_path / "report.json").write_text(json.dumps(sentence_report.summarize(config, results, "a")))
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- table report.json anchor metric=mse value=0.2879 label=DiSAN a=MTSA -->\nstale\n"
                    "<!-- /table -->\n")
@@ -163,19 +165,20 @@ def test_the_number_chosen_on_the_other_folds_leads_every_cross_validation_table
     """The honest held-out number comes first; the fold-selected one is labelled test-selected."""
     report = json.loads((ROOT / "results" / "sentence" / "cr" / "report.json").read_text())
     cv = report["cross_validation"]["archs"]["mtsa_encoder"]
-    head, _, mtsa = experiment.cross_validation_table(report)[:3]
+    head, _, mtsa = sentence_report.cross_validation_table(report)[:3]
     assert head.split(" | ")[2:5] == ["chosen", "best (test-selected)", "last"]
     assert mtsa.split(" | ")[2].startswith(f"{cv['chosen']['mean']:.2f} ± ")
-    folds = experiment.folds_table(report, archs=["mtsa_encoder"])
+    folds = sentence_report.folds_table(report, archs=["mtsa_encoder"])
     assert folds[0] == "| fold | mtsa_encoder: chosen (update) | best, test-selected (update) | last |"
-    numbers = experiment.held_out_numbers(report, experiment._runs_by_arch(report, ["mtsa_encoder"])["mtsa_encoder"])
+    numbers = sentence_report.held_out_numbers(
+        report, sentence_report._runs_by_arch(report, ["mtsa_encoder"])["mtsa_encoder"])
     fold0 = numbers[(1, 0)]
     assert folds[2] == (f"| 0 | {fold0['chosen'][0]:.2f} ({fold0['chosen'][1]:,}) | "
                         f"{fold0['best'][0]:.2f} ({fold0['best'][1]:,}) | {fold0['last'][0]:.2f} |")
     kinds = [row.split(" | ")[1] for row in anchor_table(report, value=79.8, label="CNN-rand")[2:5]]
     assert kinds == ["chosen on the other folds", "best (test-selected)", "last"]
     assert "chosen: at the update best on average over the other folds; best (test-selected)" in (
-        experiment.report_markdown(report).replace("\n", " "))
+        sentence_report.report_markdown(report).replace("\n", " "))
 
 
 def _search_run(arch: str, lr: float, curve: list[list[float]], status: str = "done") -> dict:
@@ -237,40 +240,40 @@ def test_chosen_rates_name_each_architecture_without_a_rate_and_why(tmp_path):
     path.write_text(json.dumps(report))
     rates, source = lr_search.chosen_rates(path, ["a"])
     assert rates == {"a": 1e-3} and (source["experiment"], source["search"]) == ("t", str(path))
-    with pytest.raises(experiment.ExperimentError) as err:
+    with pytest.raises(sentence_runs.ExperimentError) as err:
         lr_search.chosen_rates(path, ["a", "c", "d"])
     assert str(err.value) == f"{path} chose no learning rate for c (rates still to finish), d (not searched)"
     report["chosen"]["b"] = None
     path.write_text(json.dumps(report))
-    with pytest.raises(experiment.ExperimentError, match=r"for b \(every rate stopped with NaN/Inf\)$"):
+    with pytest.raises(sentence_runs.ExperimentError, match=r"for b \(every rate stopped with NaN/Inf\)$"):
         lr_search.chosen_rates(path, ["b"])
     path.write_text(json.dumps({"schema": "other"}))
-    with pytest.raises(experiment.ExperimentError, match="has schema 'other'"):
+    with pytest.raises(sentence_runs.ExperimentError, match="has schema 'other'"):
         lr_search.chosen_rates(path, ["a"])
 
 
 def test_command_lr_is_the_last_lr_of_a_command():
-    assert experiment.command_lr(["fairseq-train", "--lr", "0.001", "--cpu", "--lr", "5e-4"]) == 5e-4
-    assert experiment.command_lr(["fairseq-train", "--cpu"]) is None
+    assert sentence_runs.command_lr(["fairseq-train", "--lr", "0.001", "--cpu", "--lr", "5e-4"]) == 5e-4
+    assert sentence_runs.command_lr(["fairseq-train", "--cpu"]) is None
 
 
 def test_summary_table_shows_the_searched_rates():
     summary = {"metric": "accuracy", "reference": "a", "welch_vs_reference": {},
                "archs": {"a": {"values": [80.0, 82.0], "mean": 81.0, "std": 1.4142135623730951}},
                "lr_from": {"chosen": {"a": 5e-4}}}
-    assert experiment.summary_table(summary)[::2] == [
+    assert sentence_report.summary_table(summary)[::2] == [
         "| architecture | lr | seeds | accuracy per seed | mean ± sd | a − it | 95% CI | t | df | p (two-sided) | "
         "p (a > it) |",
         "| a | 0.0005 | 2 | 80.00, 82.00 | 81.00 ± 1.41 | — | — | — | — | — | — |"]
     del summary["lr_from"]
-    assert experiment.summary_table(summary)[1] == "|---|---|---|---|---|---|---|---|---|---|"
+    assert sentence_report.summary_table(summary)[1] == "|---|---|---|---|---|---|---|---|---|---|"
 
 
 def test_cross_validation_table_shows_the_searched_rates():
     report = json.loads((ROOT / "results" / "sentence" / "cr" / "report.json").read_text())
-    plain = experiment.cross_validation_table(report)
+    plain = sentence_report.cross_validation_table(report)
     report["lr_from"] = {"chosen": {"mtsa_encoder": 3e-4, "multi_head_encoder": 5e-4, "fast_disa_encoder": 5e-4}}
-    table = experiment.cross_validation_table(report)
+    table = sentence_report.cross_validation_table(report)
     assert table[0] == plain[0].replace("| architecture | runs |", "| architecture | lr | runs |")
     assert table[1] == plain[1] + "---|"
     assert table[2] == plain[2].replace("| mtsa_encoder | 10 |", "| mtsa_encoder | 0.0003 | 10 |")
@@ -349,38 +352,38 @@ def test_docs_tables_render_a_study(tmp_path):
 
 
 def test_a_relatedness_summary_tests_every_metric_and_renders_each():
-    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    config = sentence_runs.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
     results = [{"arch": arch, "seed": seed, "metrics": {"pearson": r, "spearman": r - 0.05, "mse": 0.3 - r / 10}}
                for arch, rs in (("mtsa_encoder", (0.85, 0.86, 0.87)), ("bilstm_encoder", (0.82, 0.84, 0.83)))
                for seed, r in zip((1, 2, 3), rs)]
-    summary = experiment.summarize(config, results, "mtsa_encoder")
+    summary = sentence_report.summarize(config, results, "mtsa_encoder")
     assert summary["archs"]["mtsa_encoder"]["mean"] == pytest.approx(0.86)
     assert set(summary["other_metrics"]) == {"spearman", "mse"}
     mse = summary["other_metrics"]["mse"]
     assert mse["archs"]["bilstm_encoder"]["mean"] == pytest.approx(0.3 - 0.083)
     assert mse["welch_vs_reference"]["bilstm_encoder"]["difference"] == pytest.approx(-0.003)
-    table = experiment.summary_table(summary, metric="spearman")
+    table = sentence_report.summary_table(summary, metric="spearman")
     assert table[0].startswith("| architecture | seeds | spearman per seed |")
     assert table[2].startswith("| mtsa_encoder | 3 | 0.8000, 0.8100, 0.8200 | 0.8100 ± 0.0100 |")
-    assert experiment.summary_table(summary, metric="pearson") == experiment.summary_table(summary)
+    assert sentence_report.summary_table(summary, metric="pearson") == sentence_report.summary_table(summary)
     # a lower MSE is better: the one-sided p asks whether MTSA's is lower, Welch's less-than alternative
-    mse_table = experiment.summary_table(summary, metric="mse")
+    mse_table = sentence_report.summary_table(summary, metric="mse")
     assert mse_table[0].endswith("| p (two-sided) | p (mtsa_encoder < it) |")
     less = stats.ttest_ind([0.3 - r / 10 for r in (0.85, 0.86, 0.87)], [0.3 - r / 10 for r in (0.82, 0.84, 0.83)],
                            equal_var=False, alternative="less").pvalue
     assert mse_table[3].endswith(f"| {less:.3f} |") and less < 0.5
-    assert experiment.summary_table(summary)[0].endswith("| p (mtsa_encoder > it) |")
-    markdown = experiment.report_markdown(summary)
+    assert sentence_report.summary_table(summary)[0].endswith("| p (mtsa_encoder > it) |")
+    markdown = sentence_report.report_markdown(summary)
     assert "test spearman:" in markdown and "test mse:" in markdown
-    accuracy = experiment.summarize(experiment.TaskConfig(Path("t.yaml"), "t", "trec", "accuracy", {}, {}),
+    accuracy = sentence_report.summarize(sentence_runs.TaskConfig(Path("t.yaml"), "t", "trec", "accuracy", {}, {}),
                                     [{"arch": "a", "seed": 1, "metrics": {"accuracy": 90.0}}], "a")
     assert "other_metrics" not in accuracy
 
 
 def test_docs_tables_render_another_metric_of_a_summary(tmp_path):
-    config = experiment.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
+    config = sentence_runs.TaskConfig(Path("sick.yaml"), "sick", "sick", "pearson", {}, {})
     results = [{"arch": "a", "seed": s, "metrics": {"pearson": 0.8 + s / 100, "mse": 0.3 - s / 100}} for s in (1, 2)]
-    (tmp_path / "report.json").write_text(json.dumps(experiment.summarize(config, results, "a")))
+    (tmp_path / "report.json").write_text(json.dumps(sentence_report.summarize(config, results, "a")))
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- table report.json summary metric=mse a=MTSA -->\nstale\n<!-- /table -->\n")
     text, _ = docs_tables.render(doc)

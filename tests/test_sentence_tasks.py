@@ -20,7 +20,7 @@ from mtsa_fairseq.contracts import read_run
 from mtsa_fairseq.experiments.fairseq_train import options_to_args, parse_fairseq_train
 from mtsa_fairseq.experiments.processes import RunLock
 from mtsa_fairseq.experiments.runs import checkpoint_updates, write_run
-from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, load_task_config
+from mtsa_fairseq.experiments.sentence.runs import ExperimentError, load_task_config
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 
@@ -313,7 +313,7 @@ def test_sst_phrase_training_on_real_trees(tmp_path):
 
 
 def test_dev_curve_reads_fairseq_validation_lines_once_per_update():
-    from mtsa_fairseq.experiments.sentence.experiment import dev_curve
+    from mtsa_fairseq.experiments.sentence.runs import dev_curve
 
     line = ("2026-11-22 20:30:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | loss 2.104 | l2 0.5 | "
             "accuracy {a} | wps 1234.5 | wpb 300 | bsz 32 | num_updates {u} | best_accuracy {a}")

@@ -32,14 +32,14 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments.files import write_atomic
 from mtsa_fairseq.experiments.processes import run_command
-from mtsa_fairseq.experiments.sentence.experiment import (
+from mtsa_fairseq.experiments.sentence.lr_search import search_table
+from mtsa_fairseq.experiments.sentence.report import (
     anchor_table,
     cross_validation_table,
     folds_table,
     runs_table,
     summary_table,
 )
-from mtsa_fairseq.experiments.sentence.lr_search import search_table
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import study_paired_table, study_runs_table, study_table
 

@@ -18,26 +18,23 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from mtsa_fairseq.contracts import read_sentence_manifest
-from mtsa_fairseq.experiments.files import write_atomic, write_json
-from mtsa_fairseq.experiments.processes import run_command, stop_children
-from mtsa_fairseq.experiments.sentence.experiment import (
+from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.sentence.lr_search import searched_rates
+from mtsa_fairseq.experiments.sentence.report import write_report
+from mtsa_fairseq.experiments.sentence.runs import (
     ExperimentError,
     TaskConfig,
     check_options,
     load_task_config,
+    plan_folds,
     plan_runs,
-    plot_dev_curves,
-    report_markdown,
     run_one,
-    summarize,
+    train_all,
+    unknown_archs,
 )
-from mtsa_fairseq.experiments.sentence.lr_search import chosen_rates, chosen_run_dirs
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, out_help: str) -> None:
@@ -89,7 +86,8 @@ def load_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         sys.exit(f"error: {exc}")
     if manifest["dataset"] != config.dataset:
         parser.error(f"{args.data} holds {manifest['dataset']!r} but {args.config} is for {config.dataset!r}")
-    _check_archs(parser, args.archs)
+    if unknown := unknown_archs(args.archs):
+        parser.error(f"not sentence-encoder architectures: {unknown}")
     try:
         check_options(config, args.archs, args.data.resolve(), extra)
     except ExperimentError as exc:
@@ -97,76 +95,9 @@ def load_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     return config, manifest, extra
 
 
-def train_all(jobs: int, one: Callable[[Any], Any], runs: list) -> list:
-    """``one(run)`` for every run, ``jobs`` at a time, in order; Ctrl-C or a kill stops every run's trainer."""
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        try:
-            return list(pool.map(one, runs))
-        except BaseException:
-            stop_children()  # Ctrl-C or kill: the runs of the other threads stop too
-            raise
-
-
-def _check_archs(parser: argparse.ArgumentParser, archs: list[str]) -> None:
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    import mtsa_fairseq.plugin  # noqa: F401  (registers the architectures)
-
-    unknown = [a for a in archs if ARCH_MODEL_REGISTRY.get(a) is None or
-               ARCH_MODEL_REGISTRY[a].__name__ != "SentenceEncoderModel"]
-    if unknown:
-        parser.error(f"not sentence-encoder architectures: {unknown}")
-
-
-def _folds(parser: argparse.ArgumentParser, args: argparse.Namespace, manifest: dict) -> list[int] | None:
-    """The folds to run (None: the data has a fixed split), checked against the data."""
-    num_folds = int(manifest.get("num_folds") or 0)
-    folds = args.folds if args.folds is not None else (list(range(num_folds)) if num_folds else None)
-    if folds and not num_folds:
-        parser.error(f"{args.data} is not cross-validation data; drop --folds")
-    if folds and any(not 0 <= f < num_folds for f in folds):
-        parser.error(f"--folds must be in 0..{num_folds - 1}")
-    return folds
-
-
 def sets_lr(extra_args: str) -> bool:
     """Whether ``--extra-args`` sets the learning rate (checked on the raw string, before the costlier checks)."""
     return any(token == "--lr" or token.startswith("--lr=") for token in extra_args.split())
-
-
-def _rates(parser: argparse.ArgumentParser,
-           args: argparse.Namespace) -> tuple[dict[str, float], dict | None, dict[str, Path]]:
-    """--lr-from's rate per architecture, its search, and the search's run directory of each architecture at
-    its rate (empty, None and empty without it)."""
-    if args.lr_from is None:
-        return {}, None, {}
-    if sets_lr(args.extra_args):
-        parser.error("--extra-args must not set --lr with --lr-from")
-    try:
-        rates, source = chosen_rates(args.lr_from, args.archs)
-        searched = chosen_run_dirs(args.lr_from.resolve(), rates)
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
-    return rates, {**source, "chosen": rates}, searched
-
-
-def _write_report(config: TaskConfig, results: list[dict], args: argparse.Namespace, folds: list[int] | None,
-                  out: Path, lr_from: dict | None) -> None:
-    """OUT/report.json, report.md and dev-curves.png; the Markdown is printed too."""
-    summary = summarize(config, results, args.reference or args.archs[0])
-    summary["split"] = args.split or ("held-out fold" if folds else "test")
-    if lr_from is not None:
-        summary["lr_from"] = lr_from
-    summary["runs"] = [{"run": r["run"], "arch": r["arch"], "seed": r["seed"], "fold": r["fold"],
-                        "metrics": r["metrics"], "max_update": r["max_update"], "lr": r.get("lr"),
-                        "best_checkpoint_updates": r["num_updates"],
-                        "num_params_without_embeddings": r["num_params_without_embeddings"],
-                        "train_words_per_second": r["train_words_per_second"], "split": r["split"],
-                        "dev_curve": r.get("dev_curve")} for r in results]
-    write_json(out / "report.json", summary)
-    write_atomic(out / "report.md", report_markdown(summary))
-    plot_dev_curves(summary["runs"], config.metric, config.name, out / "dev-curves.png")
-    print(report_markdown(summary))
 
 
 def _main() -> None:
@@ -175,9 +106,17 @@ def _main() -> None:
     if len(set(args.seeds)) != len(args.seeds):
         parser.error("--seeds must not repeat")
     config, manifest, extra = load_training(parser, args)
-    folds = _folds(parser, args, manifest)
-    rates, lr_from, searched = _rates(parser, args)
+    try:
+        folds = plan_folds(manifest, args.folds, args.data)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.lr_from is not None and sets_lr(args.extra_args):
+        parser.error("--extra-args must not set --lr with --lr-from")
     out, data = args.out.resolve(), args.data.resolve()
+    try:
+        rates, lr_from, searched = searched_rates(args.lr_from, args.archs)
+    except ExperimentError as exc:
+        sys.exit(f"error: {exc}")
 
     def one(run):
         lr = ["--lr", repr(rates[run.arch])] if rates else []
@@ -188,7 +127,7 @@ def _main() -> None:
         results = train_all(args.jobs, one, plan_runs(args.archs, args.seeds, folds))
     except ExperimentError as exc:
         sys.exit(f"error: {exc}")
-    _write_report(config, results, args, folds, out, lr_from)
+    print(write_report(config, results, args.reference or args.archs[0], args.split, lr_from, out))
 
 
 def main() -> None:

@@ -21,15 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtsa_fairseq.experiments.commands.sentence_experiment import (
-    add_training_arguments,
-    load_training,
-    sets_lr,
-    train_all,
-)
-from mtsa_fairseq.experiments.files import write_atomic, write_json
+from mtsa_fairseq.experiments.commands.sentence_experiment import add_training_arguments, load_training, sets_lr
 from mtsa_fairseq.experiments.processes import RunLock, run_command
-from mtsa_fairseq.experiments.sentence.experiment import ExperimentError, TaskConfig
 from mtsa_fairseq.experiments.sentence.lr_search import (
     read_one,
     search_markdown,
@@ -37,6 +30,8 @@ from mtsa_fairseq.experiments.sentence.lr_search import (
     search_report,
     search_runs,
 )
+from mtsa_fairseq.experiments.sentence.report import publish
+from mtsa_fairseq.experiments.sentence.runs import ExperimentError, TaskConfig, train_all
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,13 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write(report: dict, out: Path, stem: str) -> None:
-    markdown = search_markdown(report)
-    write_json(out / f"{stem}.json", report)
-    write_atomic(out / f"{stem}.md", markdown)
-    print(markdown)
-
-
 def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> None:
     if not out.is_dir():
         sys.exit(f"error: {out} does not exist (start the search first)")
@@ -66,8 +54,8 @@ def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> Non
                     search_runs(args.archs, args.lrs, args.seed)]
         except ExperimentError as exc:
             sys.exit(f"error: {exc}")
-        _write(search_report(config, [r for r in rows if r is not None], args.archs, args.lrs, args.seed), out,
-               "search-interim")
+        report = search_report(config, [r for r in rows if r is not None], args.archs, args.lrs, args.seed)
+        print(publish(out / "search-interim", report, search_markdown(report)))
 
 
 def _main() -> None:
@@ -95,7 +83,8 @@ def _main() -> None:
             rows = train_all(args.jobs, one, search_runs(args.archs, args.lrs, args.seed))
         except ExperimentError as exc:
             sys.exit(f"error: {exc}")
-        _write(search_report(config, rows, args.archs, args.lrs, args.seed), out, "search")
+        report = search_report(config, rows, args.archs, args.lrs, args.seed)
+        print(publish(out / "search", report, search_markdown(report)))
 
 
 def main() -> None:

@@ -18,14 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, read_json, read_run
-from mtsa_fairseq.experiments.sentence.experiment import (
-    ExperimentError,
-    Run,
-    TaskConfig,
-    dev_curve,
-    metric_format,
-    run_one,
-)
+from mtsa_fairseq.experiments.sentence.report import metric_format
+from mtsa_fairseq.experiments.sentence.runs import ExperimentError, Run, TaskConfig, dev_curve, run_one
 
 SCHEMA = "mtsa-fairseq/sentence-lr-search/1"
 RULE = ("each architecture takes the rate with the highest best-dev {metric} among the rates it trained through "
@@ -54,18 +48,15 @@ def _stopped_by_nan(run_dir: Path) -> str | None:
     return errors[-1] if errors else None
 
 
-def _row(run: Run, lr: float, out: Path) -> dict[str, Any]:
-    return {"arch": run.arch, "lr": lr, "seed": run.seed,
-            "run_dir": str(run.run_dir(out / rate_name(lr)).relative_to(out))}
-
-
-def _done(row: dict[str, Any], result: dict[str, Any], metric: str) -> dict[str, Any]:
-    return {**row, "status": "done", "dev_curve": result["dev_curve"], "evaluated": result["metrics"][metric],
-            "best_checkpoint_updates": result["num_updates"], "max_update": result["max_update"],
-            "train_seconds": result["train_seconds"]}
-
-
-def _stopped(row: dict[str, Any], run_dir: Path, error: str, metric: str) -> dict[str, Any]:
+def _row(run: Run, lr: float, out: Path, metric: str, result: dict[str, Any] | None = None,
+         error: str | None = None) -> dict[str, Any]:
+    """The search report's row of a run done with ``result``, or stopped by NaN/Inf with ``error``."""
+    run_dir = run.run_dir(out / rate_name(lr))
+    row = {"arch": run.arch, "lr": lr, "seed": run.seed, "run_dir": str(run_dir.relative_to(out))}
+    if result is not None:
+        return {**row, "status": "done", "dev_curve": result["dev_curve"], "evaluated": result["metrics"][metric],
+                "best_checkpoint_updates": result["num_updates"], "max_update": result["max_update"],
+                "train_seconds": result["train_seconds"]}
     curve = dev_curve((run_dir / "train.log").read_text(encoding="utf-8", errors="replace"), metric)
     record = read_run(run_dir, ExperimentError)
     return {**row, "status": "stopped", "error": error, "dev_curve": curve, "evaluated": None,
@@ -89,9 +80,9 @@ def search_one(config: TaskConfig, run: Run, lr: float, data: Path, out: Path, m
             if error is None:
                 raise
         else:
-            return _done(_row(run, lr, out), result, config.metric)
+            return _row(run, lr, out, config.metric, result)
     (log or print)(f"[lr-search] {run.arch} lr {lr!r}: stopped by fairseq ({error}); delete {run_dir} to retrain")
-    return _stopped(_row(run, lr, out), run_dir, error, config.metric)
+    return _row(run, lr, out, config.metric, error=error)
 
 
 def read_one(config: TaskConfig, run: Run, lr: float, out: Path, max_update: int | None) -> dict[str, Any] | None:
@@ -103,9 +94,9 @@ def read_one(config: TaskConfig, run: Run, lr: float, out: Path, max_update: int
     if result_path.is_file():
         result = read_json(result_path, SENTENCE_RESULT_SCHEMA, "result file", ExperimentError)
         if result.get("max_update") == budget:
-            return _done(_row(run, lr, out), result, config.metric)
+            return _row(run, lr, out, config.metric, result)
     error = _stopped_by_nan(run.run_dir(rate_out))
-    return None if error is None else _stopped(_row(run, lr, out), run.run_dir(rate_out), error, config.metric)
+    return None if error is None else _row(run, lr, out, config.metric, error=error)
 
 
 def run_scores(row: dict[str, Any]) -> dict[str, Any]:
@@ -159,14 +150,18 @@ def chosen_rates(path: Path, archs: list[str]) -> tuple[dict[str, float], dict[s
     return {arch: float(chosen[arch]) for arch in archs}, source
 
 
-def chosen_run_dirs(path: Path, rates: dict[str, float]) -> dict[str, Path]:
-    """The run directory, beside the search report ``path``, of each architecture's run at its rate in ``rates``
-    (what :func:`chosen_rates` returned); architectures whose run is not there (a copy of the report elsewhere)
-    are left out."""
-    report = read_json(path, SCHEMA, "learning-rate search", ExperimentError)
-    found = {row["arch"]: path.parent / row["run_dir"] for row in report["runs"]
+def searched_rates(path: Path | None, archs: list[str]) -> tuple[dict[str, float], dict | None, dict[str, Path]]:
+    """What ``--lr-from`` a search report ``path`` gives ``archs``: each one's rate (:func:`chosen_rates`), the
+    search with them (the report's ``lr_from``), and the run directory, beside ``path``, of each architecture's
+    run at its rate (left out where not there: a copy of the report elsewhere). Empty, None and empty without
+    ``path``."""
+    if path is None:
+        return {}, None, {}
+    rates, source = chosen_rates(path, archs)
+    report = read_json(path.resolve(), SCHEMA, "learning-rate search", ExperimentError)
+    found = {row["arch"]: path.resolve().parent / row["run_dir"] for row in report["runs"]
              if row["arch"] in rates and row["lr"] == rates[row["arch"]] and row["status"] == "done"}
-    return {arch: run_dir for arch, run_dir in found.items() if run_dir.is_dir()}
+    return rates, {**source, "chosen": rates}, {arch: run_dir for arch, run_dir in found.items() if run_dir.is_dir()}
 
 
 def search_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
@@ -188,12 +183,9 @@ def search_table(report: dict[str, Any], names: dict[str, str] | None = None) ->
                 cells.append("not finished" if run is None else "stopped (NaN/Inf) before its first validation")
                 continue
             best = f"{run['best_dev']:{f}} ({run['best_dev_update']:,})"
-            cell = f"**{best}**" if lr == chosen else best
-            if run["status"] == "stopped":
-                cell += f"; stopped (NaN/Inf) after {run['last_update']:,}"
-            else:
-                cell += f"; {run['last_dev']:{f}}"
-            cells.append(cell)
+            end = (f"stopped (NaN/Inf) after {run['last_update']:,}" if run["status"] == "stopped"
+                   else f"{run['last_dev']:{f}}")
+            cells.append((f"**{best}**" if lr == chosen else best) + f"; {end}")
         shown = "pending" if arch in report["pending"] else "—" if chosen is None else f"{chosen:g}"
         lines.append(f"| {name.get(arch, arch)} | " + " | ".join(cells) + f" | {shown} |")
     return lines

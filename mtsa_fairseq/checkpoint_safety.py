@@ -1,12 +1,9 @@
 """Safe loading of fairseq checkpoints under torch >= 2.6 (``torch.load(weights_only=True)``).
 
-fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` calls ``torch.load`` without ``weights_only``,
-which torch now defaults to True. Its checkpoints pickle the training ``argparse.Namespace`` and, in the
-saved metrics state, numpy arrays and scalars (``--eval-bleu`` logs its n-gram counts as int64 arrays, so
-every checkpoint of a run that validates BLEU holds some). Importing the plugin's models allow-lists exactly
-these classes and the numeric dtypes (:func:`load_checkpoint` allows them for one load), so every other global
-(an arbitrary callable, an object array) in a crafted file is still refused. Never set
-``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``.
+Importing the plugin's models allow-lists exactly the classes fairseq checkpoints pickle (the training
+``argparse.Namespace``, numpy arrays and scalars of the metrics state) and the numeric dtypes
+(:func:`load_checkpoint` allows them for one load); every other global in a crafted file is still refused. Never
+set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``. Why: docs/installation.md (Checkpoints under torch >= 2.6).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Loss of the sentence-encoder tasks: the authors' objective plus their L2 term.
 
 Classification (docs/reference.md §3.1 step 5): mean softmax cross-entropy + ``wd * sum(W^2) / 2`` over the
-model's dense/recurrent/convolution weights (not embeddings, not biases). fairseq divides the summed
-loss by the sample size (sentences), so the L2 term is added ``nsentences`` times.
-
-Relatedness (SICK; Tai et al. 2015): the 1-5 score ``y`` becomes the sparse distribution ``t`` with
-``t_floor(y) = floor(y) - y + 1`` and ``t_floor(y)+1 = y - floor(y)``; the loss is ``KL(t || p)`` and the
-prediction ``sum_k k p_k``. Logged: accuracy (classification), MSE and Pearson r over the whole split
-(relatedness), the L2 term.
+weights (not embeddings, not biases), added ``nsentences`` times as fairseq divides by the sentences. Relatedness
+(SICK): ``KL(t || p)`` to Tai et al.'s (2015) sparse target distribution. Logged: accuracy, or MSE and Pearson r,
+and the L2 term. The formulas are in docs/sentence-tasks.md (Task and criterion).
 """
 
 from __future__ import annotations

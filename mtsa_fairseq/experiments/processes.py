@@ -1,18 +1,8 @@
 """Child processes that never outlive their launcher, and one writer per output.
 
-:class:`RunLock` is an exclusive lock that a launcher takes and its child processes inherit.
-
-``fcntl.flock`` locks belong to the open file, so a child started with the lock's descriptor in
-``pass_fds`` holds the lock too: it stays held until the launcher *and* every child that inherited it have
-exited, whatever killed them (``kill -9`` included), and the kernel drops it when they are gone, so a lock
-left by a dead process never needs cleaning up (its file stays until the next holder releases it). The lock
-file records who holds it, for the error message.
-
-Children are also tied to the launcher's life: :func:`child_options` starts them in a process group of
-their own (so the launcher can stop a trainer's whole tree with ``os.killpg``) and, on Linux, asks the kernel
-to send them SIGTERM when the launcher dies (``kill -9`` included); :func:`terminate_on_sigterm` turns a
-plain ``kill`` of the launcher into an exception, so that the handlers that stop children run, as Ctrl-C's
-KeyboardInterrupt does.
+:class:`RunLock` is an exclusive ``flock`` lock that a launcher takes and its child processes inherit;
+:func:`child_options` ties children to the launcher's life and :func:`terminate_on_sigterm` turns a ``kill`` of
+the launcher into an exception. How both work is described in docs/experiment.md (One writer per output).
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Is one system's BLEU better than another's? Tests over training runs and over sentences.
 
 Input: result files of ``scripts/score.py`` (``mtsa-fairseq.result.v1``) for a baseline and a system, grouped
-by the results' ``setup`` and ``test_set`` (e.g. setup1 and setup2 of the MTSA paper's Table 6).
-
-* Over runs (the variance that training seeds cause, Clark et al. 2011): Welch's t-test (default; the
-  Welch-Satterthwaite degrees of freedom) or Student's pooled-variance t-test on the per-run BLEU values.
-  The statistic and degrees of freedom are computed here; p-values come from ``scipy.stats.t``, two-sided
-  and one-sided for the alternative "system > baseline". Means and sample standard deviations (ddof=1)
-  are reported; a t-test needs at least two runs per system, and with few runs it has little power. Beside
-  it: the smallest difference Welch's two-sided test (alpha 0.05) detects with 80% power at the runs'
-  standard deviations (:func:`detectable_difference`), and with ``equivalence_margin`` M the equivalence
-  test of two one-sided Welch t-tests against -M and +M (:func:`equivalence_test`).
-* Over sentences, for each pair of runs trained with the same seed (:func:`paired_tests`), on sacreBLEU's
-  BLEU sufficient statistics of the hypotheses files against the references (sacreBLEU's default BLEU,
-  whatever metric the runs are compared on) and sacreBLEU's random draws from a fixed seed, so the
-  p-values are reproducible: the paired bootstrap (Koehn 2004) on sacreBLEU's resamples, centred and
-  two-sided (p from |d* - mean d*| >= |d|, d* the resampled difference system - baseline), and as
-  sacreBLEU and Moses compute it (|d*| - mean |d*| >= |d|, which behaves like a one-sided test: about half
-  the two-sided p); paired approximate randomization (Riezler and Maxwell 2005), two-sided, on
-  sacreBLEU's swaps. Every count includes ties and p = (count + 1) / (samples + 1) (the add-one
-  convention of Koehn 2004 and Riezler and Maxwell 2005), so two identical systems get p = 1 (sacreBLEU
-  counts strictly larger statistics only, which gives them its smallest p). A run whose hypotheses no
-  longer give the sacreBLEU recorded in its result file is refused.
+by the results' ``setup`` and ``test_set`` (e.g. setup1 and setup2 of the MTSA paper's Table 6). Over runs:
+Welch's or Student's t-test (:func:`t_test`), the detectable difference and the equivalence test; over
+sentences, for runs trained with the same seed: sacreBLEU's paired bootstrap and approximate randomization
+(:func:`paired_tests`), p = (count + 1) / (samples + 1), ties counted. The protocol is described in
+docs/experiment.md (4. Significance).
 """
 
 from __future__ import annotations

@@ -51,7 +51,15 @@ def sinusoidal_encoding(positions: Tensor, dim: int, dtype: torch.dtype) -> Tens
     return pe
 
 
-class BiLSTMEncoder(nn.Module):
+class _PooledEncoder(nn.Module):
+    """An encoder whose ``forward`` pools its :meth:`encode_tokens` output with ``self.pool``."""
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """``x [B, L, input_dim]`` -> ``[B, output_dim]``."""
+        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
+
+
+class BiLSTMEncoder(_PooledEncoder):
     """Bi-LSTM baseline (DiSAN paper, "Bi-LSTM": 600D, 300 units per direction) + source2token pooling.
 
     Real tokens of each row are moved to the front (keeping their order), packed with
@@ -86,12 +94,8 @@ class BiLSTMEncoder(nn.Module):
         restored = torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
         return zero_pads(restored, key_padding_mask)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """``x [B, L, input_dim]`` -> ``[B, 2 * hidden_dim]``."""
-        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
 
-
-class MultiCNNEncoder(nn.Module):
+class MultiCNNEncoder(_PooledEncoder):
     """Multi-window CNN baseline (DiSAN paper, "Multi-window CNN" after Kim (2014): windows 3, 4, 5 with
     200 filters each, 600D) + source2token pooling.
 
@@ -119,12 +123,8 @@ class MultiCNNEncoder(nn.Module):
         out = torch.cat([F.relu(conv(x)) for conv in self.convs], dim=1).transpose(1, 2)
         return zero_pads(out, key_padding_mask)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """``x [B, L, input_dim]`` -> ``[B, channels * len(kernel_sizes)]``."""
-        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
 
-
-class HierarchicalCNNEncoder(nn.Module):
+class HierarchicalCNNEncoder(_PooledEncoder):
     """Hierarchical CNN baseline (DiSAN paper, "Hrchy-CNN" after Gehring et al. (2017): 3 layers of
     300D gated convolutions with residual connections) + source2token pooling.
 
@@ -159,10 +159,6 @@ class HierarchicalCNNEncoder(nn.Module):
             x = x + F.glu(conv(h), dim=1).transpose(1, 2)
         return zero_pads(x, key_padding_mask)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """``x [B, L, input_dim]`` -> ``[B, hidden_dim]``."""
-        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
-
 
 def authors_positional_encoding(positions: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
     """The positional encoding of the authors' multi-head baseline (reference §4.5 step 1), ``[B, L, dim]``:
@@ -174,7 +170,7 @@ def authors_positional_encoding(positions: Tensor, dim: int, dtype: torch.dtype)
     return torch.where(f % 2 == 0, torch.sin(angles), torch.cos(angles))
 
 
-class MultiHeadEncoder(nn.Module):
+class MultiHeadEncoder(_PooledEncoder):
     """The papers' multi-head attention baseline as the authors' code computes it (BiBloSA's
     ``multi_head_attention``, reference §4.5) + multi-dimensional source2token pooling::
 
@@ -226,12 +222,8 @@ class MultiHeadEncoder(nn.Module):
         out = (probs @ v).permute(1, 2, 0, 3).reshape(batch, length, self.output_dim)
         return zero_pads(out, key_padding_mask)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """``x [B, L, input_dim]`` -> ``[B, heads * units]``."""
-        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)
 
-
-class ProjectedMultiHeadEncoder(nn.Module):
+class ProjectedMultiHeadEncoder(_PooledEncoder):
     """A multi-head attention baseline built from ``nn.MultiheadAttention`` (Vaswani et al.'s encoding, a
     biased input projection to ``heads * head_dim``, biased in- and output projections) + source2token
     pooling; the project's first baseline, kept to reproduce the results measured with it
@@ -271,7 +263,3 @@ class ProjectedMultiHeadEncoder(nn.Module):
             attn_mask = key_padding_mask & ~key_padding_mask.all(dim=1, keepdim=True)
         out = self.attn(h, h, h, key_padding_mask=attn_mask, need_weights=False)[0]
         return zero_pads(out, key_padding_mask)
-
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """``x [B, L, input_dim]`` -> ``[B, num_heads * head_dim]``."""
-        return self.pool(self.encode_tokens(x, key_padding_mask), key_padding_mask)

@@ -57,9 +57,7 @@ class StackedMTSA(nn.Module):
     """``stacking_mtsa`` (reference §2.5): ``num_layers`` :class:`StackedMTSALayer` s over ``x [B, L, hn]``,
     optionally followed by multi-dimensional source2token pooling (reference §2.6) like the baselines.
 
-    Defaults are those of reference §2.5: 8 heads, 10 layers, residual keep 0.8 (``dropout=0.2``), attention
-    keep 0.8 (``attn_dropout=0.2``), dense keep 0.9 (``dense_dropout=0.1``), directional masks without
-    the diagonal, relu, ``exp`` token2token. The padding mask is prepared once and shared by all layers.
+    Defaults are those of reference §2.5. The padding mask is prepared once and shared by all layers.
     Padded rows of the per-token output are zeroed (they never reach real tokens: every MTSA layer
     masks padded keys).
 

@@ -1,16 +1,10 @@
 """Word embeddings with the sentence-encoder code's rules (docs/reference.md §3.1).
 
-The vocabulary is a fairseq ``Dictionary`` laid out by ``scripts/prepare_sentence_data.py``: its special
-symbols first (``<s>``, ``<pad>``, ``</s>``, ``<unk>``), then the ``num_train_words`` words of the training
-split, then the words that occur only in the other splits. The authors' embedding matrix is:
-
-* special rows (pad, unk, ...): constant zeros;
-* training words: a **trainable** matrix, initialised from the pretrained vectors where the word has
-  one, otherwise U(-0.05, 0.05) (SNLI) or N(0, 1) (SST) - the task's ``oov_init`` (its scale can be
-  changed for random-init protocols, e.g. Kim (2014)'s U(-0.25, 0.25));
-* words seen only outside training: **constant** pretrained vectors, or zeros (= ``<unk>``) without one.
-
-Without a vectors file every training word is out of vocabulary, which is the random-init setting.
+Over the dictionary of ``scripts/prepare_sentence_data.py`` (special symbols, then the ``num_train_words``
+training words, then words seen only in the other splits): special rows are constant zeros, training words a
+**trainable** matrix (pretrained vectors where the word has one, else the task's ``oov_init``), the other words
+**constant** pretrained vectors or zeros. Without a vectors file every training word is out of vocabulary (the
+random-init setting). The rules are described in docs/sentence-tasks.md (Embeddings).
 """
 
 from __future__ import annotations

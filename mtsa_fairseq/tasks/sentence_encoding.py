@@ -1,21 +1,11 @@
 """The ``sentence_encoding`` task: classification, sentence pairs by separate encoding, and relatedness.
 
-Reads a directory written by ``scripts/prepare_sentence_data.py`` (``manifest.json``, ``dict.txt``,
-``{split}.input0/1`` binaries, ``{split}.label``). The manifest's ``kind`` decides what a sample holds:
-
-* ``single`` (SST-5, SST-2, TREC, CR, MPQA, SUBJ): one sentence and a class;
-* ``pair`` (SNLI, MultiNLI): premise and hypothesis, each encoded on its own (fairseq's
-  ``sentence_prediction`` concatenates the pair into one input, which is not the papers' protocol);
-* ``relatedness`` (SICK): two sentences and a 1-5 score.
-
-Cross-validation data (CR, MPQA, SUBJ: one ``train`` split and ``train.fold``) needs ``--cv-fold K``: the
-``train`` subset is every fold but K and ``valid``/``test`` are fold K, the papers' 10-fold protocol.
-Batches hold sentences of similar length, reshuffled every epoch.
-
-Early stopping (``--patience``) survives a resume: fairseq-train keeps its count of validations without a
-better one on ``fairseq_cli.train.should_stop_early`` itself, which a new process starts afresh (its first
-validation then counts as the best); the task carries that state in its checkpoints through fairseq's
-``get_checkpoint_dict`` / ``set_checkpoint_dict`` hooks, so a resumed run stops where an uninterrupted one does.
+Reads a directory written by ``scripts/prepare_sentence_data.py``. The manifest's ``kind`` decides what a sample
+holds: ``single`` (one sentence and a class), ``pair`` (SNLI, MultiNLI: premise and hypothesis, each encoded on its
+own) or ``relatedness`` (SICK: two sentences and a 1-5 score). Cross-validation data (CR, MPQA, SUBJ) needs
+``--cv-fold K``: ``train`` is every fold but K, ``valid``/``test`` fold K. Batches hold sentences of similar length,
+reshuffled every epoch. The ``--patience`` count is carried in the checkpoints, so early stopping survives a
+resume (docs/experiment.md, Exact resumes).
 """
 
 from __future__ import annotations

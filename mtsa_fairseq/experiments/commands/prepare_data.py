@@ -1,8 +1,7 @@
 """Prepare a raw parallel corpus for fairseq: normalise, train a joint sentencepiece model, encode, and
 binarise with fairseq-preprocess --joined-dictionary into OUT (manifest.json, bin/, spm.model, raw/).
 
-Normalisation and filters are described in mtsa_fairseq/experiments/translation/data_prep.py. Inputs may
-be plain text or gzip.
+Normalisation and filters are described in docs/experiment.md (1. Data). Inputs may be plain text or gzip.
 """
 
 import argparse

@@ -2,7 +2,7 @@
 tokenise, build the word dictionary and binarise into OUT (manifest.json, dict.txt, {split}.input0/.input1 .bin/.idx,
 {split}.label, and train.fold for the cross-validation sets CR, MPQA, SUBJ).
 
-Tokenisation, filters and the output layout are described in mtsa_fairseq/experiments/sentence/data.py.
+Tokenisation, filters and the output layout are described in docs/sentence-tasks.md.
 """
 
 import argparse

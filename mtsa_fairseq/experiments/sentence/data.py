@@ -1,44 +1,9 @@
 """Prepare sentence-encoder data sets (SST, TREC, CR, MPQA, SUBJ, SICK, SNLI, MultiNLI) for fairseq.
 
 Used by ``scripts/prepare_sentence_data.py``. Reads the standard release files of a data set, tokenises them,
-builds one word dictionary and writes the prepared directory:
-
-- ``manifest.json`` (schema :data:`SENTENCE_DATA_SCHEMA`, see :func:`build_manifest`);
-- ``dict.txt``: fairseq dictionary text, ``<word> <count>`` per line: the training words first (count = frequency
-  in the training examples before oversampling), then the words seen only in the other splits (count there), each
-  group by count descending, then word ascending. ``Dictionary.load`` puts the training words at ids
-  4 .. 4 + ``num_train_words`` - 1;
-- ``{split}.input0.bin/.idx`` (and ``{split}.input1.bin/.idx`` for sentence pairs): mmap indexed datasets, one
-  item per example, the word ids without end-of-sentence;
-- ``{split}.label``: the class index, or the relatedness score as written in the input (SICK), one per line;
-- ``train.fold`` (CR, MPQA, SUBJ: only a ``train`` split, for 10-fold cross-validation): the fold of each example.
-
-Tokenisation (lowercased unless ``keep_case``; tokens never contain whitespace):
-
-- SST: the leaves of the PTB tree, ``-LRB-``/``-RRB-`` turned back into ``(``/``)``; a leaf holding a no-break
-  space U+00A0 (three SST leaves such as "8 1/2") gives one token per part;
-- TREC, CR, MPQA, SUBJ: whitespace split (the files are already tokenised);
-- SNLI, MultiNLI: the words of the binary parse (brackets removed), each split into pieces around the characters
-  ``- / ~ " '`` and the Unicode dashes and quotes U+2010-U+2015, U+2018, U+2019, U+201C, U+201D, which are kept
-  as tokens of their own (:func:`split_token`);
-- SICK: whitespace split, then :func:`split_token`, then the characters ``.,!?;:()`` at the start or end of a
-  piece become tokens of their own, one per character.
-
-Splits: SST training examples are all the nodes (phrases) of the training trees in preorder, valid and test
-examples the roots; with oversampling (SST-5 default) the training roots and non-neutral phrases are written 3 more
-times, after all examples. TREC valid is either ``round(valid_fraction * N)`` training questions held out (the first
-of a ``RandomState(split_seed)`` permutation, both parts kept in file order) or a copy of the test set. CR, MPQA and
-SUBJ have only ``train``: the class files in label order, folds as in :func:`assign_folds`.
-
-Reading: UTF-8, a line that is not valid UTF-8 read as Latin-1; TREC files are Latin-1. Lines end at ``\\n``
-(a ``\\r`` before it is removed). Blank lines are skipped in the structured formats (trees, TREC, SICK, JSON
-lines); in the one-sentence-per-line files (CR, MPQA, SUBJ) they are empty examples. An input file with nothing
-but blank lines is an error.
-
-Dropped examples, counted by reason in the manifest: an example with no tokens on a side (``empty``; training
-split only, elsewhere it is an error), SST-2 neutral phrases and sentences (``neutral``), SNLI/MultiNLI pairs
-without a gold label (``no_gold_label``), and SNLI/MultiNLI training pairs with a side longer than the
-``clip_percentile`` percentile of the training lengths (``too_long``).
+builds one word dictionary and writes the prepared directory (``manifest.json``, see :func:`build_manifest`).
+Its layout, the tokenisation, splits, reading rules and dropped examples are described in docs/sentence-tasks.md
+("The prepared directory").
 """
 
 from __future__ import annotations
@@ -536,7 +501,7 @@ def load_dataset(cfg: SentenceDataConfig) -> dict[str, Split]:
 
 
 def build_vocabulary(splits: dict[str, Split]) -> tuple[list[tuple[str, int]], int]:
-    """``(word, count)`` in dictionary order (see the module docstring) and the number of training words."""
+    """``(word, count)`` in dictionary order (training words first) and the number of training words."""
     train = Counter(t for ex in splits["train"].examples for side in ex.sides for t in side)
     rest = Counter(t for name, split in splits.items() if name != "train"
                    for ex in split.examples for side in ex.sides for t in side if t not in train)

@@ -1,32 +1,8 @@
 """Prepare a raw parallel corpus for fairseq: normalise, filter, sentencepiece, binarise.
 
 Used by ``scripts/prepare_data.py``; writes the prepared data directory (``manifest.json``, ``bin/``,
-``spm.model``, ``raw/``) described by :func:`build_manifest`.
-
-Reading (:func:`mtsa_fairseq.contracts.iter_lines`, as scoring reads the references). Inputs are UTF-8 text,
-plain or gzip-compressed (recognised by their magic bytes, whatever the file name). Lines end at ``\\n`` only:
-a stray ``\\r`` or U+2028 inside a line does not split it, so the line counts checked for alignment are the
-ones every later step sees. A byte-order mark at the start of a file is removed. A file with a line that is
-not valid UTF-8 is refused (``FILE:LINE: not valid UTF-8``) by the validation, before anything is written.
-
-Normalisation (:func:`normalize`), applied to both sides of every split before sentencepiece:
-
-1. control characters (Unicode category Cc) are removed, except that the whitespace ones (tab, CR, LF,
-   VT, FF, NEL, ...) become spaces; the byte-order mark U+FEFF is removed;
-2. Unicode normalisation form NFKC (default), NFC, or none;
-3. leading and trailing whitespace is stripped and each internal run of whitespace becomes one space.
-
-What it is not: no Moses tokenisation, punctuation normalisation, truecasing or lowercasing.
-Sentencepiece works on this raw text, with its own normalisation switched off (``identity``), so decoding
-the pieces of a sentence gives back exactly its normalised text.
-
-Filters apply to TRAINING pairs only: a pair with an empty side after normalisation is dropped; after
-encoding, a pair is dropped when either side has more than ``max_tokens`` pieces (end-of-sentence not
-counted) or, when ``max_ratio`` is set, the longer side has more than ``max_ratio`` times the pieces of the
-shorter one (the convention of Moses' ``clean-corpus-n.perl``, which fairseq's WMT recipe applies to
-subword units). Lengths are in pieces, so the sentencepiece model is trained on the normalised non-empty
-training pairs and the length filters are applied after it. Valid and test pairs are never dropped: an
-empty test line stays an empty line.
+``spm.model``, ``raw/``) described by :func:`build_manifest`. Reading, normalisation (:func:`normalize`) and the
+training-only filters are described in docs/experiment.md (1. Data).
 """
 
 from __future__ import annotations
@@ -121,7 +97,7 @@ class TrainStats:
 
 
 def normalize(text: str, form: str = "nfkc") -> str:
-    """Normalise one line (see the module docstring); ``form`` is ``nfkc``, ``nfc`` or ``none``."""
+    """Normalise one line (docs/experiment.md, 1. Data); ``form`` is ``nfkc``, ``nfc`` or ``none``."""
     if form not in NORMALIZATIONS:
         raise ValueError(f"unknown normalization {form!r}; choose from {', '.join(NORMALIZATIONS)}")
     text = text.translate(_CONTROL)

@@ -1,15 +1,7 @@
 """Slurm jobs through submitit: one job per seed, one task per GPU (one per node on CPU), requeued on a timeout
-or a preemption.
-
-Every task of the job runs the seed's ``fairseq-train`` command (fairseq reads ``SLURM_*`` and initialises
-on the first node at ``--distributed-port``). Task 0 also holds the run directory's lock, appends fairseq's
-output to ``train.log``, prints ``[progress]`` lines to the job's log and keeps ``run.json``. When Slurm
-signals a timeout or a preemption ahead of time (submitit's ``USR2``), submitit calls
-:meth:`SeedJob.checkpoint` and requeues the same job: the same command then resumes from
-``checkpoint_last.pt``, as rerunning ``mtsa-train-seeds`` does (fairseq-train, which Slurm signals too,
-ignores ``USR2``). ``scontrol requeue``, a preemption without that warning, and ``scancel`` end fairseq with
-SIGTERM instead: the run is recorded ``requeued``, and the launcher asks Slurm (:func:`job_state`) what became
-of the job before it trusts that record.
+or a preemption. Task 0 holds the run's lock, writes ``train.log`` and keeps ``run.json``; a run recorded
+``requeued`` is trusted only after asking Slurm (:func:`job_state`) what became of its job. The protocol is
+described in docs/experiment.md (Slurm).
 """
 
 from __future__ import annotations

@@ -37,14 +37,11 @@ class MTSAMultiheadAttention(MultiheadAttention):
             (``afn_extra``) for a hidden per-head layer (bias 0) before the output layer.
         bi_directional: forward masks on the first H/2 heads and backward on the rest, diagonal
             included (``bi_direction``; off as run).
-        causal: decoder self-attention: every head sees only keys ``i <= j``, and incremental
-            decoding caches ``k``, ``v`` and ``E_S`` (beyond the authors, whose t2t code has no
-            cached MTSA decoding: reference §1.5). Needs a sigmoid source2token activation: the exp
-            forms are shifted by a sequence-wide maximum (reference §8.4), which would let later
-            tokens underflow earlier outputs.
-
-    ``kernel`` (default ``"auto"``; the models' ``--mtsa-kernel``) is passed to :func:`mtsa_core` (e.g. ``"sdpa"``
-    or ``"triton"``).
+        causal: decoder self-attention: every head sees only keys ``i <= j``, and incremental decoding caches
+            ``k``, ``v`` and ``E_S`` (beyond the authors, whose t2t code has no cached MTSA decoding: reference
+            §1.5). Needs a sigmoid source2token activation: the exp forms are shifted by a sequence-wide maximum
+            (reference §8.4), which would let later tokens underflow earlier outputs.
+        kernel: passed to :func:`mtsa_core` (default ``"auto"``; the models' ``--mtsa-kernel``).
     """
 
     def __init__(
@@ -147,11 +144,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
             out = mtsa_core_scripted(q, k, v, s2t, key_padding_mask, self.direction, self.dropout_module.p,
                                      self.training, s2t_activation)
         else:
-            out = mtsa_core(
-                q, k, v, s2t, key_padding_mask=key_padding_mask, direction=self.direction, include_self=True,
-                token2token="exp", dropout_p=self.dropout_module.p, training=self.training, kernel=self.kernel,
-                s2t_activation=s2t_activation,
-            )
+            out = mtsa_core(q, k, v, s2t, key_padding_mask, self.direction, dropout_p=self.dropout_module.p,
+                            training=self.training, kernel=self.kernel, s2t_activation=s2t_activation)
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out), None
 

@@ -1,7 +1,7 @@
 """The multi-mask tensorized self-attention (MTSA) core, as a pure function over per-head tensors.
 
-Semantics follow the authors' code (docs/reference.md §1.2, §2.2, §6 and §8). For a batch
-element and head, query ``j``, key ``i`` and feature ``l``::
+Semantics follow the authors' code (docs/reference.md §1.2, §2.2, §6 and §8). For a batch element and head, query
+``j``, key ``i`` and feature ``l``::
 
     E_R[j, i] = exp(q_j . k_i / sqrt(d_k))      (token2token="exp", the NMT experiments)
               | sigmoid(q_j . k_i / sqrt(d_k))  (token2token="sigmoid", the sentence encoders)
@@ -10,51 +10,21 @@ element and head, query ``j``, key ``i`` and feature ``l``::
     N[j, l]   = sum_i E_R'[j, i] * E_S'[i, l] * v[i, l]
     out[j, l] = N[j, l] / (Z[j, l] if Z[j, l] > 0 else 1)
 
-``E_R'`` and ``E_S'`` are independent inverted dropouts with keep probability ``sqrt(1 - p)``
-(reference §1.2 step 6, §8.3). This equals the feature-wise softmax of the paper's equations (10)-(12):
-``out[j, l] = sum_i P[j, i, l] v[i, l]`` with ``P[j, i, l] ∝ E_R[j, i] E_S[i, l]``.
+``E_R'`` and ``E_S'`` are independent inverted dropouts with keep probability ``sqrt(1 - p)`` (reference §1.2
+step 6, §8.3). This equals the feature-wise softmax of the paper's equations (10)-(12): ``out[j, l] = sum_i
+P[j, i, l] v[i, l]`` with ``P[j, i, l] ∝ E_R[j, i] E_S[i, l]``. ``E_S`` may come as the source2token logits ``S``
+(``s2t_activation="exp"`` or ``"sigmoid"``); ``exp(S)`` is then shifted by its maximum over real keys per (batch,
+head, feature), a constant that cancels (reference §8.4).
 
-How it is computed (reference §8.2, §8.4):
+Every kernel computes these values and is tested against the float64 references (reference §8.2): ``"sdpa"`` (exp:
+``SDPA(q, k, v * E_S') / SDPA(q, k, E_S)``), ``"sdpa-joint"`` (exp without dropout: one SDPA call over ``[v * E_S,
+E_S]``), ``"dense"`` (``E_R`` materialised per query chunk), ``"flex"`` (sigmoid through FlexAttention, without
+dropout), ``"triton"`` (:mod:`.mtsa_triton`) and, under TorchScript, :func:`mtsa_core_scripted`. Rows whose
+linear-space products underflow are recomputed in log space, in float32 or wider; the output has the inputs' dtype.
+Which kernel runs when, the underflow rule and export: docs/kernel.md.
 
-* ``E_S`` may come as the source2token logits ``S`` (``s2t_activation="exp"`` or ``"sigmoid"``); ``exp(S)``
-  is then shifted by its maximum over real keys per (batch, head, feature), a constant that cancels, and
-  ``log E_S`` (``S`` or ``logsigmoid(S)``) stays available where the linear weights underflow (below).
-* ``exp``: with ``P = softmax(s + mask)``, ``out = SDPA(q, k, v * E_S) / SDPA(q, k, E_S)``; the row
-  normaliser cancels, the kernel's max-subtraction makes it overflow-free in fp16/bf16, and the fused
-  kernels keep memory O(L): no ``[B, H, L, L]`` tensor is built when only key padding masks the
-  scores. Without attention dropout both share one ``P``, so ``kernel="sdpa-joint"`` makes one call over the
-  joined values ``[v * E_S, E_S]`` instead of two (``q`` and ``k`` zero-padded to the joined width, ``2 d_v``).
-  Positional masks are built in query chunks of bounded size (``[B, 1, chunk, L]`` booleans), and
-  forward/backward chunks only visit the keys they can see.
-* ``sigmoid``: ``sigmoid(s) = exp(logsigmoid(s))``, so a kernel with a score modifier computes it the
-  same way: ``kernel="flex"`` runs FlexAttention with ``score_mod = logsigmoid`` (compiled into a
-  fused kernel on CUDA; eager elsewhere, for checking). Plain SDPA cannot, so on CPU the default (``"auto"``)
-  materialises ``E_R`` per query chunk (``[B, H, chunk, L]``); flex stays opt-in because it compiles
-  per sequence-length bucket and has no dropout.
-* ``kernel="triton"`` (the default for sigmoid on CUDA tensors when Triton is installed): one fused pass over the keys
-  for ``N`` and ``Z`` together, both token2token forms, dropout drawn in the kernel, forward and backward
-  (:mod:`.mtsa_triton`).
-* Underflow. The kernels multiply ``E_R`` (relative to its row maximum, or sigmoid) by ``E_S`` (relative to its
-  feature maximum, or as is) in linear space. Where a query's largest scores sit on keys with a tiny ``E_S``,
-  every product can underflow (float32: below e^-87; float16 weights: below e^-17), and ``N / Z`` loses its
-  digits or becomes 0 / 0. Rows with a denominator below ``sqrt(finfo.tiny)`` in those units (1e-19 in
-  float32 and bfloat16, 8e-3 in float16; the square root leaves room for the backward's ``1 / Z``) are
-  recomputed in log space, in float32 or wider, with a maximum per query and feature::
-
-      W[j, i, l] = log E_R[j, i] + log E_S[i, l],   M[j, l] = max_i W[j, i, l]
-      out[j, l]  = sum_i exp(W - M)[j, i, l] D_R[j, i] D_S[i, l] v[i, l] / sum_i exp(W - M)[j, i, l]
-
-  ``D_R`` and ``D_S`` are the dropout masks (0 or 1/keep) of ``E_R`` and ``E_S``: ``D_S`` is the one the other
-  rows used, ``D_R`` is drawn afresh for these rows, with the same distribution. ``O(L d)`` per row, under
-  activation checkpointing; checking for such rows costs one reduction (the smallest denominator) and one host
-  synchronisation per call.
-* Export. Under ``torch.compile`` the check is a ``torch.cond`` whose branch recomputes every row once one
-  underflowed (static shapes; not checkpointed). TorchScript compiles neither the custom autograd Functions nor
-  the kernels' Python control flow: scripted modules call :func:`mtsa_core_scripted`, one SDPA pair over a whole
-  mask with the same equations.
-
-Rows with no allowed key (strict masks at sequence ends, all-padding sequences) return 0, never NaN.
-Padded *queries* are not masked (as in the NMT code); callers zero them when they need to.
+Rows with no allowed key (strict masks at sequence ends, all-padding sequences) return 0, never NaN. Padded
+*queries* are not masked (as in the NMT code); callers zero them when they need to.
 """
 
 from __future__ import annotations
@@ -63,7 +33,8 @@ import functools
 import importlib.util
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -75,11 +46,10 @@ from .per_head import stable_exp
 DIRECTIONS = (None, "bi", "forward", "backward")
 TOKEN2TOKEN = ("exp", "sigmoid")
 KERNELS = ("auto", "sdpa", "sdpa-joint", "dense", "flex", "triton")
-S2T_ACTIVATIONS = (None, "exp", "sigmoid")
+E_S_ACTIVATIONS = (None, "exp", "sigmoid")  # E_S from s2t: as given, exp(S) or sigmoid(S)
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FLEX_MIN_WIDTH = 16  # the smallest q/k/v head width compiled FlexAttention takes
-# Upper bound on the elements of one query chunk's mask / score tensor ([B, H, chunk, L] here, DiSA's
-# [B, chunk, L, d] in disan.py).
+# Upper bound on the elements of one query chunk's mask / score tensor ([B, H, chunk, L]; DiSA's [B, chunk, L, d])
 CHUNK_ELEMENTS = 1 << 24
 
 
@@ -110,10 +80,8 @@ def positional_mask(j: Tensor, i: Tensor, direction: str | None, include_self: b
     return None if include_self else i != j
 
 
-def has_allowed_key(
-    key_padding_mask: Tensor | None, batch: int, length: int, direction: str | None, include_self: bool,
-    device: torch.device | None = None,
-) -> Tensor:
+def has_allowed_key(key_padding_mask: Tensor | None, batch: int, length: int, direction: str | None,
+                    include_self: bool, device: torch.device | None = None) -> Tensor:
     """``[B, L]``: whether query j has at least one allowed key, counted in O(L) with cumulative sums."""
     real = (
         torch.ones(batch, length, dtype=torch.long, device=device)
@@ -129,17 +97,10 @@ def has_allowed_key(
     return (count if include_self else count - real) > 0
 
 
-def allowed_mask(
-    key_padding_mask: Tensor | None,
-    batch: int,
-    num_heads: int,
-    length: int,
-    direction: str | None = None,
-    include_self: bool = True,
-    device: torch.device | None = None,
-) -> Tensor:
-    """The full boolean ``[B, H, L, L]`` mask (True = query j may attend key i). For references and
-    tests; :func:`mtsa_core` never builds it."""
+def allowed_mask(key_padding_mask: Tensor | None, batch: int, num_heads: int, length: int, direction: str | None = None,
+                 include_self: bool = True, device: torch.device | None = None) -> Tensor:
+    """The full boolean ``[B, H, L, L]`` mask (True = query j may attend key i). For references and tests;
+    :func:`mtsa_core` never builds it."""
     pos = torch.arange(length, device=device)
     mask = torch.ones(batch, num_heads, length, length, dtype=torch.bool, device=device)
     for heads, mode in head_directions(num_heads, direction):
@@ -151,13 +112,20 @@ def allowed_mask(
     return mask
 
 
-def _dropout(x: Tensor, keep: float, training: bool) -> Tensor:
-    return F.dropout(x, p=1.0 - keep, training=True) if training and keep < 1.0 else x
+class _Call(NamedTuple):
+    """The masks and settings of one :func:`mtsa_core` call, which its helpers share."""
+
+    key_padding_mask: Tensor | None
+    groups: list[tuple[slice, str | None]]  # head_directions
+    include_self: bool
+    token2token: str
+    s2t_activation: str | None
+    scale: float
+    keep: float  # of E_R and E_S in the numerator; 1 without dropout
 
 
-def _query_chunks(
-    batch: int, heads: int, q_len: int, k_len: int, mode: str | None, chunk: int | None
-) -> Iterator[tuple[int, int, int, int]]:
+def _query_chunks(batch: int, heads: int, q_len: int, k_len: int, mode: str | None,
+                  chunk: int | None) -> Iterator[tuple[int, int, int, int]]:
     """Yield ``(q_start, q_end, k_start, k_end)``: query chunks and the key window they can see.
     Queries sit at key positions ``k_len - q_len ...`` (incremental decoding appends them last)."""
     size = chunk or max(1, CHUNK_ELEMENTS // max(1, batch * heads * k_len))
@@ -170,14 +138,6 @@ def _query_chunks(
             yield start, end, offset + start, k_len
         else:
             yield start, end, 0, k_len
-
-
-def _flex_available() -> bool:
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @functools.cache
@@ -209,7 +169,7 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
     if kernel == "auto" and token2token == "sigmoid" and q.is_cuda and q.dtype in TRITON_DTYPES and triton_available():
         return "triton"  # for exp, two SDPA calls were faster and leaner on an H100 (docs/kernel.md)
     if token2token == "exp":
-        if kernel in ("flex",):
+        if kernel == "flex":
             raise ValueError("kernel='flex' is for token2token='sigmoid'; the exp path uses SDPA")
         if kernel == "sdpa-joint" and dropout_active:
             raise ValueError("kernel='sdpa-joint' has no attention dropout (N needs its own dropped probabilities); "
@@ -219,7 +179,7 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
         raise ValueError("token2token='sigmoid' is not an exp form: plain SDPA cannot compute it")
     if kernel == "flex" and dropout_active:
         raise ValueError("kernel='flex' has no attention dropout; use kernel='dense' when training with dropout")
-    if kernel == "flex" and not _flex_available():
+    if kernel == "flex" and importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
         raise ValueError("kernel='flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
     if kernel == "flex" and q.is_cuda and q.dtype == torch.float64:
         raise ValueError("kernel='flex' on CUDA takes float16, bfloat16 or float32 (compiled flex has no float64)")
@@ -267,16 +227,10 @@ def _log_weights(s2t: Tensor, s2t_activation: str | None) -> Tensor:
     return torch.log(torch.where(positive, s2t, torch.ones_like(s2t))).masked_fill(~positive, float("-inf"))
 
 
-def _underflowed(den: Tensor, dtype: torch.dtype) -> Tensor:
-    """``[..., L_q]``: rows with a denominator below ``sqrt(finfo(dtype).tiny)`` (module docstring)."""
-    if torch.jit.is_scripting():  # TorchScript has no torch.finfo
-        return (den < _sqrt_tiny(dtype)).any(dim=-1)
-    return (den < torch.finfo(dtype).tiny ** 0.5).any(dim=-1)
-
-
 def _sqrt_tiny(dtype: torch.dtype) -> float:
-    """``sqrt(torch.finfo(dtype).tiny)`` of the kernels' float types: 2^-7 (float16), 2^-511 (float64), 2^-63
-    (float32 and bfloat16, which share 8 exponent bits)."""
+    """``sqrt(torch.finfo(dtype).tiny)`` (TorchScript has no ``finfo``), below which a denominator's row is recomputed
+    in log space (docs/kernel.md, "Large activations"): 2^-7 (float16), 2^-511 (float64), 2^-63 (float32 and bfloat16,
+    which share 8 exponent bits)."""
     if dtype == torch.float16:
         return 2.0 ** -7
     if dtype == torch.float64:
@@ -285,46 +239,34 @@ def _sqrt_tiny(dtype: torch.dtype) -> float:
 
 
 def mtsa_core(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    s2t: Tensor,
-    key_padding_mask: Tensor | None = None,
-    direction: str | None = None,
-    include_self: bool = True,
-    token2token: str = "exp",
-    dropout_p: float = 0.0,
-    training: bool = False,
-    kernel: str = "auto",
-    query_chunk_size: int | None = None,
-    s2t_activation: str | None = None,
+    q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None, direction: str | None = None,
+    include_self: bool = True, token2token: str = "exp", dropout_p: float = 0.0, training: bool = False,
+    kernel: str = "auto", query_chunk_size: int | None = None, s2t_activation: str | None = None,
 ) -> Tensor:
     """Multi-mask tensorized self-attention over per-head tensors (see the module docstring).
 
     Args:
-        q, k: ``[B, H, L_q, d_k]`` and ``[B, H, L, d_k]``, unscaled (``1/sqrt(d_k)`` is applied here).
-            ``L_q < L`` is incremental decoding: the queries are the last ``L_q`` positions.
-        v, s2t: ``[B, H, L, d_v]``; ``s2t`` holds the source2token weights ``E_S`` (non-negative,
-            query-independent, possibly rescaled per (batch, head, feature): reference §8.4), or their
-            logits ``S`` when ``s2t_activation`` is given.
+        q, k: ``[B, H, L_q, d_k]`` and ``[B, H, L, d_k]``, unscaled (``1/sqrt(d_k)`` is applied here). ``L_q < L``
+            is incremental decoding: the queries are the last ``L_q`` positions.
+        v, s2t: ``[B, H, L, d_v]``; ``s2t`` holds the source2token weights ``E_S`` (non-negative, query-independent,
+            possibly rescaled per (batch, head, feature): reference §8.4), or their logits ``S`` when
+            ``s2t_activation`` is given.
         key_padding_mask: bool ``[B, L]``, True at padding keys.
-        direction: None, ``"bi"`` (first H/2 heads forward, last H/2 backward), ``"forward"`` or
-            ``"backward"`` (all heads).
-        include_self: whether query j may attend key j; without it and with ``direction=None`` only
-            the diagonal is excluded.
+        direction: None, ``"bi"`` (first H/2 heads forward, last H/2 backward), ``"forward"`` or ``"backward"``
+            (all heads).
+        include_self: whether query j may attend key j; without it and with ``direction=None`` only the diagonal
+            is excluded.
         token2token: ``"exp"`` or ``"sigmoid"`` activation of the scaled dot products.
-        dropout_p: attention dropout ``p``; ``E_R`` and ``E_S`` each keep ``sqrt(1 - p)`` in the
-            numerator only, and only when ``training``.
-        kernel: ``"auto"`` (``"sdpa"`` for exp; for sigmoid ``"triton"`` on CUDA tensors when Triton is
-            installed, else ``"dense"``); ``"sdpa"`` (exp only), ``"sdpa-joint"`` (exp without attention
-            dropout: one SDPA call for ``N`` and ``Z``), ``"dense"`` (materialises scores per query chunk),
-            ``"flex"`` (sigmoid via FlexAttention, no dropout), ``"triton"`` (the fused kernel; CPU tensors only
-            under ``TRITON_INTERPRET=1``).
-        query_chunk_size: queries per chunk where masks or scores are materialised (default: keep
-            each chunk's ``[B, H, chunk, L]`` tensor under 2**24 elements).
-        s2t_activation: None (``s2t`` is ``E_S``), ``"exp"`` (``E_S = exp(S)``) or ``"sigmoid"``
-            (``E_S = sigmoid(S)``); with the logits, rows whose linear-space weights underflow are
-            recomputed from ``log E_S`` itself (module docstring).
+        dropout_p: attention dropout ``p``; ``E_R`` and ``E_S`` each keep ``sqrt(1 - p)`` in the numerator only,
+            and only when ``training``.
+        kernel: ``"auto"`` (``"sdpa"`` for exp; for sigmoid ``"triton"`` on CUDA tensors when Triton is installed,
+            else ``"dense"``) or one of the module docstring's kernels (``"triton"`` on CPU tensors only under
+            ``TRITON_INTERPRET=1``).
+        query_chunk_size: queries per chunk where masks or scores are materialised (default: keep each chunk's
+            ``[B, H, chunk, L]`` tensor under 2**24 elements).
+        s2t_activation: None (``s2t`` is ``E_S``), ``"exp"`` (``E_S = exp(S)``) or ``"sigmoid"`` (``E_S =
+            sigmoid(S)``); with the logits, rows whose linear-space weights underflow are recomputed from ``log
+            E_S`` itself.
 
     Returns:
         ``[B, H, L_q, d_v]``; rows with no allowed key are 0.
@@ -332,82 +274,60 @@ def mtsa_core(
     _check_inputs(q, k, v, s2t, key_padding_mask)
     if token2token not in TOKEN2TOKEN:
         raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
-    if s2t_activation not in S2T_ACTIVATIONS:
-        raise ValueError(f"s2t_activation must be one of {S2T_ACTIVATIONS}, got {s2t_activation!r}")
+    if s2t_activation not in E_S_ACTIVATIONS:
+        raise ValueError(f"s2t_activation must be one of {E_S_ACTIVATIONS}, got {s2t_activation!r}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    batch, num_heads, q_len, d_k = q.shape
-    k_len = k.shape[2]
-    groups = head_directions(num_heads, direction)
-    keep = math.sqrt(1.0 - dropout_p)
+    groups = head_directions(q.shape[1], direction)
     dropout_active = training and dropout_p > 0.0
     use = _choose_kernel(kernel, token2token, q, dropout_active)
-    if use == "flex" and q_len != k_len:
+    if use == "flex" and q.shape[2] != k.shape[2]:
         raise ValueError("kernel='flex' needs as many queries as keys (no incremental decoding)")
-    scale = 1.0 / math.sqrt(d_k)
+    call = _Call(key_padding_mask, groups, include_self, token2token, s2t_activation, 1.0 / math.sqrt(q.shape[3]),
+                 math.sqrt(1.0 - dropout_p) if dropout_active else 1.0)
 
     e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
-    num_values, s2t_kept = _numerator_values(v, e_s, keep, dropout_active)
+    num_values, s2t_kept = _numerator_values(v, e_s, call.keep)
     if use == "triton":
         from .mtsa_triton import mtsa_triton
 
-        out, den = mtsa_triton(q, k, e_s, num_values, key_padding_mask, direction, include_self, token2token,
-                               keep if dropout_active else 1.0)
+        out, den = mtsa_triton(q, k, e_s, num_values, key_padding_mask, direction, include_self, token2token, call.keep)
     elif use == "flex":
-        out, den = _flex_sigmoid(q, k, num_values, e_s, key_padding_mask, groups, include_self, scale)
+        out, den = _flex_sigmoid(q, k, num_values, e_s, call)
     else:
-        out, den = _chunked(q, k, num_values, e_s, key_padding_mask, groups, include_self, token2token, use,
-                            scale, dropout_active, keep, query_chunk_size)
+        out, den = _chunked(q, k, num_values, e_s, call, use, query_chunk_size)
     if torch.compiler.is_compiling():
-        return _recompute_in_graph(out, _underflowed(den, q.dtype), q, k, v, s2t, s2t_kept, key_padding_mask, groups,
-                                   include_self, token2token, s2t_activation, scale, keep if dropout_active else 1.0)
+        return _recompute_in_graph(out, den, q, k, v, s2t, s2t_kept, call)
     if den.numel() == 0 or float(den.detach().amin()) >= _sqrt_tiny(q.dtype):  # one reduction, one synchronisation
         return out
-    small = _underflowed(den, q.dtype)
-    small &= _rows_with_keys(key_padding_mask, batch, num_heads, q_len, k_len, groups, include_self, q.device)
+    small = (den < _sqrt_tiny(q.dtype)).any(dim=-1)
+    small &= _rows_with_keys(q, k.shape[2], call)
     rows = small.nonzero()
     if len(rows) == 0:
         return out
-    values = v if s2t_kept is None else v * s2t_kept / keep
-    recompute = functools.partial(
-        _log_space_rows, key_padding_mask=key_padding_mask, groups=groups, include_self=include_self,
-        token2token=token2token, s2t_activation=s2t_activation, scale=scale, keep=keep if dropout_active else 1.0,
-    )
-    return out.index_put(tuple(rows.T), _in_row_chunks(recompute, rows, q, k, values, s2t).to(out.dtype))
+    values = v if s2t_kept is None else v * s2t_kept / call.keep
+    return out.index_put(tuple(rows.T), _in_row_chunks(rows, q, k, values, s2t, call).to(out.dtype))
 
 
-def _numerator_values(v: Tensor, e_s: Tensor, keep: float, dropout_active: bool) -> tuple[Tensor, Tensor | None]:
-    """``v * E_S'`` and the mask ``s2t_kept`` of ``E_S' = E_S * s2t_kept / keep`` (None without dropout): one mask
-    for all query chunks, kept for the rows recomputed in log space."""
-    if not dropout_active:
+def _numerator_values(v: Tensor, e_s: Tensor, keep: float) -> tuple[Tensor, Tensor | None]:
+    """``v * E_S'`` and the mask ``s2t_kept`` of ``E_S' = E_S * s2t_kept / keep`` (None without dropout, ``keep``
+    1): one mask for all query chunks, kept for the rows recomputed in log space."""
+    if keep == 1.0:
         return v * e_s, None
     e_s_kept, s2t_kept = torch.native_dropout(e_s, 1.0 - keep, True)  # one kernel for both
     return v * e_s_kept, s2t_kept
 
 
-def _recompute_in_graph(
-    out: Tensor, small: Tensor, q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, s2t_kept: Tensor | None,
-    key_padding_mask: Tensor | None, groups: list[tuple[slice, str | None]], include_self: bool, token2token: str,
-    s2t_activation: str | None, scale: float, keep: float,
-) -> Tensor:
-    """The log-space recomputation of underflowed rows (module docstring) in a compiled graph, which branches on
-    tensor values only through ``torch.cond``, whose branches have static shapes: once a row underflowed, every row
-    is recomputed (in chunks, not checkpointed) and the underflowed ones with an allowed key take the result.
-    ``keep`` is 1 without dropout."""
-    batch, num_heads, q_len, d_v = out.shape
-    small = small & _rows_with_keys(key_padding_mask, batch, num_heads, q_len, k.shape[2], groups, include_self,
-                                    q.device)
+def _recompute_in_graph(out: Tensor, den: Tensor, q: Tensor, k: Tensor, v: Tensor, s2t: Tensor,
+                        s2t_kept: Tensor | None, call: _Call) -> Tensor:
+    """The log-space recomputation of underflowed rows in a compiled graph (docs/kernel.md, "Export"): a
+    ``torch.cond`` whose branch recomputes every row, the underflowed ones with an allowed key taking the result."""
+    small = (den < _sqrt_tiny(q.dtype)).any(dim=-1) & _rows_with_keys(q, k.shape[2], call)
 
     def recompute(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor) -> Tensor:
-        values = v if s2t_kept is None else v * s2t_kept / keep
-        rows = torch.cartesian_prod(*(torch.arange(n, device=q.device) for n in (batch, num_heads, q_len)))
-        size = _rows_per_chunk(k.shape[2], max(k.shape[-1], d_v))
-        new = torch.cat([
-            _log_space_rows(q, k, values, s2t, rows[start:start + size], key_padding_mask, groups, include_self,
-                            token2token, s2t_activation, scale, keep)
-            for start in range(0, len(rows), size)
-        ])
-        return new.view(out.shape).to(out.dtype)
+        values = v if s2t_kept is None else v * s2t_kept / call.keep
+        rows = torch.cartesian_prod(*(torch.arange(n, device=q.device) for n in out.shape[:3]))
+        return _in_row_chunks(rows, q, k, values, s2t, call, checkpointed=False).view(out.shape).to(out.dtype)
 
     def none_underflowed(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor) -> Tensor:
         return out.new_zeros(out.shape)
@@ -421,25 +341,21 @@ def mtsa_core_scripted(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding
                        direction: str | None = None, dropout_p: float = 0.0, training: bool = False,
                        s2t_activation: str | None = None) -> Tensor:
     """:func:`mtsa_core` with ``token2token="exp"`` and ``include_self`` (the NMT modules' form) in operations that
-    TorchScript compiles: the modules take this path under ``torch.jit.script``. One SDPA pair computes it, as kernel
-    ``"sdpa"`` does, but over the whole ``[B or 1, H or 1, L_q, L]`` mask instead of query chunks; rows that
-    underflow are recomputed in log space as there (not checkpointed). Same values as :func:`mtsa_core` up to float
-    rounding; autograd differentiates the plain operations."""
+    TorchScript compiles (docs/kernel.md, "Export"): one SDPA pair over the whole ``[B or 1, H or 1, L_q, L]`` mask,
+    underflowed rows recomputed in log space (not checkpointed). Same values as :func:`mtsa_core` up to rounding."""
     batch, num_heads, q_len, d_k = q.shape
     k_len = k.shape[2]
-    keep = math.sqrt(1.0 - dropout_p)
-    dropout_active = training and dropout_p > 0.0
+    keep = math.sqrt(1.0 - dropout_p) if training and dropout_p > 0.0 else 1.0
     scale = 1.0 / math.sqrt(d_k)
     e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
-    num_values, s2t_kept = _numerator_values(v, e_s, keep, dropout_active)
+    num_values, s2t_kept = _numerator_values(v, e_s, keep)
     mask = _whole_mask(key_padding_mask, num_heads, q_len, k_len, direction, q.device)
-    out, den = _sdpa_ratio(q, k, num_values, e_s, mask, scale, dropout_active, keep)
-    small = _underflowed(den, q.dtype)
+    out, den = _sdpa_ratio(q, k, num_values, e_s, mask, scale, keep)
+    small = (den < _sqrt_tiny(q.dtype)).any(dim=-1)
     if mask is not None:
         small = small & mask.any(dim=-1)  # rows without an allowed key stay 0
     if not bool(small.any()):
         return out
-    keep = keep if dropout_active else 1.0
     values = v if s2t_kept is None else v * s2t_kept / keep
     rows = small.nonzero()
     allowed = torch.ones(1, 1, 1, k_len, dtype=torch.bool, device=q.device) if mask is None else mask
@@ -454,10 +370,8 @@ def mtsa_core_scripted(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding
     return out.index_put(index, torch.cat(parts).to(out.dtype))
 
 
-def _whole_mask(
-    key_padding_mask: Tensor | None, num_heads: int, q_len: int, k_len: int, direction: str | None,
-    device: torch.device,
-) -> Tensor | None:
+def _whole_mask(key_padding_mask: Tensor | None, num_heads: int, q_len: int, k_len: int, direction: str | None,
+                device: torch.device) -> Tensor | None:
     """The allowed keys (self included) of the last ``q_len`` queries, broadcastable to ``[B, H, L_q, L]``: key
     padding ``[B, 1, 1, L]`` and the positional rule ``[H or 1, L_q, L]`` (``"bi"``: forward on the first H/2
     heads, backward on the rest); None when every key is allowed."""
@@ -481,107 +395,93 @@ def _rows_per_chunk(k_len: int, width: int, elements: int = CHUNK_ELEMENTS) -> i
     return max(1, elements // (k_len * width))
 
 
-def _in_row_chunks(recompute: Callable[..., Tensor], rows: Tensor, q: Tensor, k: Tensor, values: Tensor,
-                   s2t: Tensor) -> Tensor:
-    """``recompute`` over chunks of ``rows`` whose ``[chunk, L, d]`` tensors stay under 2**24 elements, each
-    checkpointed (its backward recomputes it instead of keeping them)."""
+def _in_row_chunks(rows: Tensor, q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, call: _Call,
+                   checkpointed: bool = True) -> Tensor:
+    """:func:`_log_space_rows` over chunks of ``rows`` whose ``[chunk, L, d]`` tensors stay under 2**24 elements,
+    each checkpointed (its backward recomputes it instead of keeping them) unless told not to."""
     size = _rows_per_chunk(k.shape[2], max(k.shape[-1], values.shape[-1]))
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, values, s2t))
+    grad = checkpointed and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, values, s2t))
     return torch.cat([
-        checkpoint(recompute, q, k, values, s2t, rows[start:start + size], use_reentrant=False)
-        if grad else recompute(q, k, values, s2t, rows[start:start + size])
+        checkpoint(_log_space_rows, q, k, values, s2t, rows[start:start + size], call, use_reentrant=False)
+        if grad else _log_space_rows(q, k, values, s2t, rows[start:start + size], call)
         for start in range(0, len(rows), size)
     ])
 
 
-def _chunked(
-    q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, key_padding_mask: Tensor | None,
-    groups: list[tuple[slice, str | None]], include_self: bool, token2token: str, use: str, scale: float,
-    dropout_active: bool, keep: float, query_chunk_size: int | None,
-) -> tuple[Tensor, Tensor]:
+def _chunked(q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, call: _Call, use: str,
+             query_chunk_size: int | None) -> tuple[Tensor, Tensor]:
     """The SDPA and dense paths: ``(out, Z)``."""
     batch, num_heads, q_len, _ = q.shape
     k_len = k.shape[2]
-    keys_real = None if key_padding_mask is None else ~key_padding_mask
+    keys_real = None if call.key_padding_mask is None else ~call.key_padding_mask
     joint = use == "sdpa-joint"
 
     def whole(qh: Tensor, kh: Tensor, nh: Tensor, sh: Tensor, mode: str | None) -> tuple[Tensor, Tensor] | None:
         """One SDPA pair over all keys when the heads' mask needs no chunking: no positional mask, one
         new query that sees every earlier key, or the kernel's own causal mask; else None."""
-        if use == "dense" or not include_self:
+        if use == "dense" or not call.include_self:
             return None
         if mode is None or mode == "forward" and q_len == 1:
-            return _sdpa_ratio(qh, kh, nh, sh, _key_mask(keys_real), scale, dropout_active, keep, joint=joint)
+            key_mask = None if keys_real is None else keys_real[:, None, None, :]
+            return _sdpa_ratio(qh, kh, nh, sh, key_mask, call.scale, call.keep, joint=joint)
         if mode == "forward" and keys_real is None and q_len == k_len:
-            return _sdpa_ratio(qh, kh, nh, sh, None, scale, dropout_active, keep, is_causal=True, joint=joint)
+            return _sdpa_ratio(qh, kh, nh, sh, None, call.scale, call.keep, is_causal=True, joint=joint)
         return None
 
-    if len(groups) == 1 and (result := whole(q, k, num_values, e_s, groups[0][1])) is not None:
+    if len(call.groups) == 1 and (result := whole(q, k, num_values, e_s, call.groups[0][1])) is not None:
         return result  # all heads in one call pair, no copy into an output buffer
     out = q.new_empty(batch, num_heads, q_len, num_values.shape[-1])
     den = torch.empty_like(out)
     pos = torch.arange(k_len, device=q.device)
     q_pos = pos[k_len - q_len:]
-    for heads, mode in groups:
+    for heads, mode in call.groups:
         qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], e_s[:, heads]
         if (result := whole(qh, kh, nh, sh, mode)) is not None:
             out[:, heads], den[:, heads] = result
             continue
         for q0, q1, k0, k1 in _query_chunks(batch, qh.shape[1], q_len, k_len, mode, query_chunk_size):
-            mask = positional_mask(q_pos[q0:q1, None], pos[None, k0:k1], mode, include_self)
+            mask = positional_mask(q_pos[q0:q1, None], pos[None, k0:k1], mode, call.include_self)
             mask = None if mask is None else mask[None, None]
             if keys_real is not None:
                 key_mask = keys_real[:, None, None, k0:k1]
                 mask = key_mask if mask is None else mask & key_mask
-            args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1])
-            if use != "dense":
-                out[:, heads, q0:q1], den[:, heads, q0:q1] = _sdpa_ratio(*args, mask, scale, dropout_active, keep,
-                                                                         joint=joint)
-            else:
-                out[:, heads, q0:q1], den[:, heads, q0:q1] = _dense_ratio(
-                    *args, mask, scale, token2token, dropout_active, keep
-                )
+            args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1], mask, call.scale)
+            out[:, heads, q0:q1], den[:, heads, q0:q1] = (
+                _dense_ratio(*args, call.token2token, call.keep) if use == "dense"
+                else _sdpa_ratio(*args, call.keep, joint=joint)
+            )
     return out, den
 
 
-def _rows_with_keys(
-    key_padding_mask: Tensor | None, batch: int, num_heads: int, q_len: int, k_len: int,
-    groups: list[tuple[slice, str | None]], include_self: bool, device: torch.device,
-) -> Tensor:
+def _rows_with_keys(q: Tensor, k_len: int, call: _Call) -> Tensor:
     """``[B, H, L_q]``: whether each query has an allowed key (:func:`has_allowed_key` per head group)."""
-    rows = torch.empty(batch, num_heads, q_len, dtype=torch.bool, device=device)
-    for heads, mode in groups:
-        rows[:, heads] = has_allowed_key(key_padding_mask, batch, k_len, mode, include_self, device)[:, None, -q_len:]
+    batch, num_heads, q_len, _ = q.shape
+    rows = torch.empty(batch, num_heads, q_len, dtype=torch.bool, device=q.device)
+    for heads, mode in call.groups:
+        allowed = has_allowed_key(call.key_padding_mask, batch, k_len, mode, call.include_self, q.device)
+        rows[:, heads] = allowed[:, None, -q_len:]
     return rows
 
 
-def _log_space_rows(
-    q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, rows: Tensor, key_padding_mask: Tensor | None,
-    groups: list[tuple[slice, str | None]], include_self: bool, token2token: str, s2t_activation: str | None,
-    scale: float, keep: float,
-) -> Tensor:
-    """``out[b, h, j]`` for ``rows [n, 3]`` of ``(b, h, j)``, with a maximum per query and feature (module
-    docstring); ``values`` is ``v * D_S``. Returns ``[n, d_v]`` in float32 or wider."""
+def _log_space_rows(q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, rows: Tensor, call: _Call) -> Tensor:
+    """``out[b, h, j]`` for ``rows [n, 3]`` of ``(b, h, j)``, with a maximum per query and feature (docs/kernel.md,
+    "Large activations"); ``values`` is ``v * D_S``. Returns ``[n, d_v]`` in float32 or wider."""
     b, h, j = rows.unbind(1)
     k_len = k.shape[2]
-    allowed = (
-        torch.ones(len(rows), k_len, dtype=torch.bool, device=q.device)
-        if key_padding_mask is None
-        else ~key_padding_mask[b]
-    )
+    pad = call.key_padding_mask
+    allowed = torch.ones(len(rows), k_len, dtype=torch.bool, device=q.device) if pad is None else ~pad[b]
     keys = torch.arange(k_len, device=q.device)[None, :]
     pos = (j + k_len - q.shape[2])[:, None]
-    for heads, mode in groups:
-        rule = positional_mask(pos, keys, mode, include_self)
+    for heads, mode in call.groups:
+        rule = positional_mask(pos, keys, mode, call.include_self)
         if rule is not None:
             allowed = allowed & (rule | ((h < heads.start) | (h >= heads.stop))[:, None])
-    return _log_space_ratio(q, k, values, s2t, rows, allowed, token2token, s2t_activation, scale, keep)
+    return _log_space_ratio(q, k, values, s2t, rows, allowed, call.token2token, call.s2t_activation, call.scale,
+                            call.keep)
 
 
-def _log_space_ratio(
-    q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, rows: Tensor, allowed: Tensor, token2token: str,
-    s2t_activation: str | None, scale: float, keep: float,
-) -> Tensor:
+def _log_space_ratio(q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, rows: Tensor, allowed: Tensor, token2token: str,
+                     s2t_activation: str | None, scale: float, keep: float) -> Tensor:
     """:func:`_log_space_rows` given which keys each row may attend (``allowed [n, L]``)."""
     b, h, j = rows.unbind(1)
     work = torch.promote_types(q.dtype, torch.float32)
@@ -594,10 +494,6 @@ def _log_space_ratio(
     w_num = w if keep == 1.0 else w * torch.empty_like(w[:, :, :1]).bernoulli_(keep).div_(keep)
     num = (w_num * values[b, h].to(work)).sum(dim=1)
     return num / torch.where(den > 0, den, torch.ones_like(den))
-
-
-def _key_mask(keys_real: Tensor | None) -> Tensor | None:
-    return None if keys_real is None else keys_real[:, None, None, :]
 
 
 class _GuardedRatio(torch.autograd.Function):
@@ -628,14 +524,11 @@ def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
     return _GuardedRatio.apply(num, den)
 
 
-def _sdpa_ratio(
-    q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
-    scale: float, dropout_active: bool, keep: float, is_causal: bool = False, joint: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """``(out, Z)``: ``out = SDPA(q, k, v*E_S') / SDPA(q, k, E_S)`` with dropout on the numerator's probabilities
-    only (reference §8.3) and 0 on rows without an allowed key, ``Z = SDPA(q, k, E_S)``; ``mask`` is the allowed
-    keys (boolean), ``is_causal`` the kernel's own forward-with-self mask (no mask tensor at all); ``joint`` (no
-    dropout) computes both in one call over the joined values."""
+def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None, scale: float,
+                keep: float, is_causal: bool = False, joint: bool = False) -> tuple[Tensor, Tensor]:
+    """``(out, Z)``: ``Z = SDPA(q, k, E_S)``, ``out = SDPA(q, k, v*E_S') / Z`` with dropout (``keep < 1``) on the
+    numerator's probabilities only (reference §8.3), 0 on rows without an allowed key. ``mask``: the allowed keys
+    (boolean); ``is_causal``: the kernel's own forward-with-self mask; ``joint`` (no dropout): one call for both."""
     has_key: Tensor | None = None
     bias: Tensor | None = None
     if mask is not None:
@@ -655,8 +548,7 @@ def _sdpa_ratio(
         num, den = both[..., :d_v], both[..., d_v:2 * d_v]
     else:
         num = F.scaled_dot_product_attention(
-            q, k, num_values, attn_mask=bias, dropout_p=1.0 - keep if dropout_active else 0.0, scale=scale,
-            is_causal=is_causal,
+            q, k, num_values, attn_mask=bias, dropout_p=1.0 - keep, scale=scale, is_causal=is_causal
         )
         den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=bias, scale=scale, is_causal=is_causal)
     out = _guarded_ratio(num, den)
@@ -673,10 +565,8 @@ def _additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     return bias[..., :length].masked_fill_(allowed, 0.0)
 
 
-def _dense_ratio(
-    q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None,
-    scale: float, token2token: str, dropout_active: bool, keep: float,
-) -> tuple[Tensor, Tensor]:
+def _dense_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None, scale: float,
+                 token2token: str, keep: float) -> tuple[Tensor, Tensor]:
     """The authors' algorithm on one query chunk: ``E_R`` materialised as ``[B, H, chunk, L]``."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if token2token == "sigmoid":
@@ -689,14 +579,11 @@ def _dense_ratio(
     if mask is not None:
         e_r = e_r.masked_fill(~mask, 0.0)
     den = torch.matmul(e_r, den_values)
-    num = torch.matmul(_dropout(e_r, keep, dropout_active), num_values)
+    num = torch.matmul(e_r if keep == 1.0 else F.dropout(e_r, p=1.0 - keep), num_values)
     return _guarded_ratio(num, den), den
 
 
-def _flex_sigmoid(
-    q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, key_padding_mask: Tensor | None,
-    groups: list[tuple[slice, str | None]], include_self: bool, scale: float,
-) -> tuple[Tensor, Tensor]:
+def _flex_sigmoid(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, call: _Call) -> tuple[Tensor, Tensor]:
     """Sigmoid token2token through FlexAttention: ``score_mod = logsigmoid`` turns the kernel's
     softmax into ``sigmoid(s) / sum sigmoid(s)``, whose normaliser cancels in the ratio."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -705,18 +592,15 @@ def _flex_sigmoid(
         flex_attention = _compiled_flex()
 
     batch, num_heads, length, _ = q.shape
-    pad = key_padding_mask
-    half = groups[0][0].stop
+    pad = call.key_padding_mask
+    half = call.groups[0][0].stop
 
     def mask_mod(b, h, q_idx, kv_idx):
         allowed = (kv_idx >= 0) if pad is None else ~pad[b, kv_idx]
-        rules = [positional_mask(q_idx, kv_idx, mode, include_self) for _, mode in groups]
+        rules = [positional_mask(q_idx, kv_idx, mode, call.include_self) for _, mode in call.groups]
         if len(rules) == 2:
             return allowed & torch.where(h < half, rules[0], rules[1])
         return allowed if rules[0] is None else allowed & rules[0]
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return F.logsigmoid(score)
 
     block_mask = create_block_mask(mask_mod, batch, num_heads, length, length, device=q.device)
     values = torch.cat([num_values, den_values], dim=-1)  # no dropout here, so one call serves both
@@ -725,7 +609,8 @@ def _flex_sigmoid(
     # given) nor the first 2 * d_v output columns
     q, k, values = (F.pad(t, (0, FLEX_MIN_WIDTH - t.shape[-1])) if t.shape[-1] < FLEX_MIN_WIDTH else t
                     for t in (q, k, values))
-    both = flex_attention(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=scale)[..., :2 * d_v]
+    both = flex_attention(q, k, values, score_mod=lambda score, b, h, q_idx, kv_idx: F.logsigmoid(score),
+                          block_mask=block_mask, scale=call.scale)[..., :2 * d_v]
     out = _guarded_ratio(both[..., :d_v], both[..., d_v:])
-    nonempty = _rows_with_keys(pad, batch, num_heads, length, length, groups, include_self, q.device)
+    nonempty = _rows_with_keys(q, length, call)
     return torch.where(nonempty[..., None], out, torch.zeros_like(out)), both[..., d_v:]

@@ -46,7 +46,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from .mtsa_core import TRITON_DTYPES
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit below compiles for
 LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = 2^(x log2(e)): the kernels use exp2
 
@@ -474,7 +475,7 @@ def mtsa_triton(
     backward); ``keep < 1`` drops ``E_R`` in the numerator with that keep probability. ``Z`` (fp32) is the
     denominator relative to the row maximum (exp) or as is (sigmoid).
     """
-    if q.dtype not in DTYPES or {k.dtype, e_s.dtype, num_values.dtype} != {q.dtype}:
+    if q.dtype not in TRITON_DTYPES or {k.dtype, e_s.dtype, num_values.dtype} != {q.dtype}:
         raise ValueError(f"the Triton kernel takes fp16, bf16 or fp32 inputs of one dtype, got {q.dtype}")
     heads = q.shape[1]
     n_forward = {None: heads, "forward": heads, "backward": 0, "bi": heads // 2}[direction]

@@ -1,9 +1,8 @@
 """Translate one test set with one checkpoint (fairseq-generate) and write its BLEU result file.
 
-Writes RESULT (schema mtsa-fairseq.result.v1) and the detokenised hypotheses next to it (<RESULT stem>.hyp.txt);
-the result names its checkpoint, hypotheses and references relative to RESULT's folder.
+Writes RESULT (schema mtsa-fairseq.result.v1, paths relative to its folder) and the detokenised hypotheses next to
+it (<RESULT stem>.hyp.txt): sacreBLEU, tokenised compound-split BLEU and t2t-bleu's BLEU (translation/scoring.py).
 Option errors exit with status 2, errors in the inputs (run record, checkpoint, data, references) with 1.
-BLEU values: sacreBLEU, tokenised compound-split BLEU and t2t-bleu's (mtsa_fairseq/experiments/translation/scoring.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,14 @@ import torch
 
 from mtsa_fairseq.contracts import RUN_SCHEMA, read_run
 from mtsa_fairseq.experiments.checkpoint_average import save_checkpoint
-from mtsa_fairseq.experiments.runs import carried_seconds, diverged_loss, finish_session, is_done, write_run
+from mtsa_fairseq.experiments.runs import (
+    best_repair,
+    carried_seconds,
+    diverged_loss,
+    finish_session,
+    is_done,
+    write_run,
+)
 
 
 @pytest.mark.parametrize("record, max_update, done", [
@@ -131,3 +138,22 @@ def test_a_full_disk_while_averaging_fails_the_run_in_one_line(tmp_path, monkeyp
     record = finish_session(run_dir, 0, log=lambda _: None, trained=False)
     assert record["status"] == "failed" == read_run(run_dir)["status"]
     assert record["error"] == f"averaging: cannot write {run_dir / 'checkpoint_avg.pt'}: No space left on device"
+
+
+def test_an_unreadable_best_checkpoint_is_moved_aside_with_the_last_one_for_training_again(tmp_path):
+    lines: list[str] = []
+    assert best_repair(tmp_path, lines.append) == {}  # none: nothing to repair
+    _checkpoint(tmp_path / "checkpoint_best.pt", 5, 1.0)
+    _checkpoint(tmp_path / "checkpoint_last.pt", 10, 2.0)
+    assert best_repair(tmp_path, lines.append) == {} and not lines  # readable: kept
+    last = (tmp_path / "checkpoint_last.pt").read_bytes()
+    truncated = (tmp_path / "checkpoint_best.pt").read_bytes()[:100]
+    (tmp_path / "checkpoint_best.pt").write_bytes(truncated)
+    notes = best_repair(tmp_path, lines.append)
+    best_aside, = tmp_path.glob("checkpoint_best.pt.unreadable-*")
+    last_aside, = tmp_path.glob("checkpoint_last.pt.superseded-*")
+    assert (best_aside.read_bytes(), last_aside.read_bytes()) == (truncated, last)  # renamed, never deleted
+    assert notes == {"unreadable_checkpoint": str(best_aside), "resumed_from": None}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([best_aside.name, last_aside.name])
+    assert lines == [f"checkpoint_best.pt is unreadable (moved to {best_aside.name}); training again from update 0 "
+                     "so that a best checkpoint exists"]

@@ -370,6 +370,52 @@ def test_a_run_stopped_after_training_before_its_evaluation_is_evaluated_not_tra
     assert (record["status"], record["num_updates"]) == ("done", 10)
 
 
+@pytest.mark.parametrize("status", ["done", "running"], ids=["evaluation-lost", "killed"])
+def test_an_unreadable_best_checkpoint_is_moved_aside_and_trained_again(trec_data, tmp_path, status):
+    """Training repeats itself under its seed: trained again from scratch, the run has the same best checkpoint."""
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL.format(updates=10) + "  no-epoch-checkpoints: true\n")
+    out, key = tmp_path / "exp", "multi_cnn_encoder_seed1"
+    cmd = [sys.executable, str(ROOT / "scripts/sentence_experiment.py"), "--config", str(config), "--data",
+           str(trec_data), "--archs", "multi_cnn_encoder", "--seeds", "1", "--out", str(out), "--cpu"]
+    run(*cmd)
+    result_path, run_dir = out / "results" / f"{key}.json", out / "runs" / "multi_cnn_encoder" / "seed1"
+    first = json.loads(result_path.read_text())
+    result_path.unlink()  # stopped before its evaluation, by a kill -9 ("running") or after run.json was filled in
+    write_run(run_dir, {**read_run(run_dir, AssertionError), "status": status})
+    last = (run_dir / "checkpoint_last.pt").read_bytes()
+    truncated = (run_dir / "checkpoint_best.pt").read_bytes()[:100]
+    (run_dir / "checkpoint_best.pt").write_bytes(truncated)
+    again = run(*cmd).stdout
+    best_aside, = run_dir.glob("checkpoint_best.pt.unreadable-*")
+    last_aside, = run_dir.glob("checkpoint_last.pt.superseded-*")
+    assert (best_aside.read_bytes(), last_aside.read_bytes()) == (truncated, last)  # renamed, never deleted
+    assert (f"[experiment] {key}: checkpoint_best.pt is unreadable (moved to {best_aside.name}); training again "
+            "from update 0 so that a best checkpoint exists") in again.splitlines()
+    assert checkpoint_updates(run_dir / "checkpoint_best.pt") is not None
+    record = read_run(run_dir, AssertionError)
+    assert (record["status"], record["num_updates"], record["resumed_from_updates"]) == ("done", 10, 0)
+    assert record["unreadable_checkpoint"] == str(best_aside) and record["resumed_from"] is None
+    result = json.loads(result_path.read_text())
+    ignored = ("train_seconds", "train_words_per_second")  # the time of the training done twice
+    assert {k: v for k, v in result.items() if k not in ignored} == {k: v for k, v in first.items() if k not in ignored}
+
+
+def test_an_unloadable_checkpoint_error_says_why_when_its_exception_does_not(tmp_path, monkeypatch):
+    from fairseq import checkpoint_utils
+
+    from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate
+
+    def fail(*_args, **_kwargs):
+        raise EOFError()
+
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", fail)
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"")
+    with pytest.raises(EvaluationError) as err:
+        evaluate(tmp_path / "checkpoint_best.pt")
+    assert str(err.value) == f"cannot load checkpoint {tmp_path / 'checkpoint_best.pt'}: EOFError"
+
+
 @pytest.mark.parametrize("launcher", [FAIRSEQ_TRAIN, (sys.executable, "-m", "fairseq_cli.train")],
                          ids=["entry-point", "module"])
 def test_a_resumed_run_stops_early_where_an_uninterrupted_one_does(trec_data, tmp_path, launcher):

@@ -103,8 +103,7 @@ def resume_point(run_dir: Path, log: Callable[[str], None] = print) -> tuple[int
     updates = checkpoint_updates(last)
     if updates is not None:
         return updates, {}
-    aside = last.with_name(f"checkpoint_last.pt.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.replace(last, aside)
+    aside = move_aside(last)
     readable = []
     for path in run_dir.iterdir():
         if UPDATE_CHECKPOINT.match(path.name) or EPOCH_CHECKPOINT.match(path.name):
@@ -122,6 +121,32 @@ def resume_point(run_dir: Path, log: Callable[[str], None] = print) -> tuple[int
     log(f"{run_dir}: checkpoint_last.pt is unreadable (moved to {aside.name}); resuming from {newest.name} "
         f"(update {updates})")
     return updates, {**notes, "resumed_from": newest.name}
+
+
+def move_aside(path: Path, why: str = "unreadable") -> Path:
+    """Rename ``path`` to ``<name>.<why>-<time>`` beside it (a checkpoint is never deleted); returns the new path."""
+    aside = path.with_name(f"{path.name}.{why}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, aside)
+    return aside
+
+
+def best_repair(run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Prepare an unreadable ``checkpoint_best.pt`` for retraining; what to add to run.json (empty if it is
+    readable or absent).
+
+    A later checkpoint cannot rebuild the best one, and training repeats itself under its seed, so the run trains
+    again from scratch to its budget, which writes the best checkpoint anew: ``checkpoint_best.pt`` is moved aside
+    (:func:`move_aside`) and so is ``checkpoint_last.pt`` (as ``.superseded-<time>``), from which fairseq would
+    resume."""
+    best, last = Path(run_dir) / "checkpoint_best.pt", Path(run_dir) / "checkpoint_last.pt"
+    if not best.exists() or checkpoint_updates(best) is not None:
+        return {}
+    aside = move_aside(best)
+    if last.exists():
+        move_aside(last, "superseded")
+    log(f"checkpoint_best.pt is unreadable (moved to {aside.name}); training again from update 0 so that a best "
+        "checkpoint exists")
+    return {"unreadable_checkpoint": str(aside), "resumed_from": None}
 
 
 def interval_snapshots(run_dir: Path, every: int) -> list[Path]:

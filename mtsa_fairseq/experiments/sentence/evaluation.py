@@ -35,8 +35,8 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), overrides)
     except Exception as exc:  # fairseq and torch raise many kinds for a file that is not a checkpoint
-        reason = (str(exc).strip().splitlines() or [""])[0]  # torch's explanations run over several lines
-        raise EvaluationError(f"cannot load checkpoint {checkpoint}: {type(exc).__name__}: {reason}") from None
+        reason = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])  # torch's run over lines
+        raise EvaluationError(f"cannot load checkpoint {checkpoint}: {reason}") from None
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
                                                                       state=state)
     if getattr(cfg.task, "_name", None) != "sentence_encoding" and not hasattr(task, "kind"):

@@ -15,8 +15,9 @@ Each run is ``fairseq-train`` in ``OUT/runs/<arch>/seed<k>[/fold<f>]`` (with its
 launcher's run record: status, command, time, updates, throughput, peak memory) followed by an evaluation of its
 ``checkpoint_best.pt`` (selected on dev; for cross-validation on the held-out fold, the papers' protocol)
 into ``OUT/results/<arch>_seed<k>[_fold<f>].json``. Finished runs (result file present) are skipped and
-interrupted ones resume from ``checkpoint_last.pt``. :mod:`~mtsa_fairseq.experiments.sentence.report`
-summarises the results.
+interrupted ones resume from ``checkpoint_last.pt``; one whose ``checkpoint_best.pt`` cannot be read trains again
+(:func:`~mtsa_fairseq.experiments.runs.best_repair`). :mod:`~mtsa_fairseq.experiments.sentence.report` summarises
+the results.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from mtsa_fairseq.experiments.fairseq_train import (
 )
 from mtsa_fairseq.experiments.files import atomic_path, write_json
 from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged, stop_children
-from mtsa_fairseq.experiments.runs import is_done, mean_train_wps, previous_run, session, write_run
+from mtsa_fairseq.experiments.runs import best_repair, is_done, mean_train_wps, previous_run, session, write_run
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
 TASK_METRICS = ("accuracy", "pearson")
@@ -222,7 +223,7 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
     depends on ``--max-update``), so its result stands for the new one. A new run that the same command has
     finished in ``trained_in`` is taken from there (:func:`adopt_run`). The run directory's lock is held
     throughout: a run still trained by another live process is refused, naming it."""
-    from mtsa_fairseq.experiments.sentence.evaluation import evaluate, write_result
+    from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate, write_result
 
     log = log or _SAY
     run_dir, result_path = run.run_dir(out), run.result_path(out)
@@ -256,16 +257,20 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
         if trained_in and previous_run(run_dir) is None and adopt_run(trained_in, run_dir, command, budget):
             log(f"[experiment] {run.key}: the same command finished in {trained_in}; taken from there, not trained "
                 "again")
+        repair = best_repair(run_dir, lambda line: log(f"[experiment] {run.key}: {line}"))
         finished = previous_run(run_dir)
-        if is_done(finished, budget):  # trained (to the budget, or stopped by --patience), then not evaluated
+        if is_done(finished, budget) and not repair:  # trained (to the budget, or stopped by --patience)
             log(f"[experiment] {run.key}: trained already ({finished['num_updates']:,} updates); evaluating it")
         else:
-            finished = _train(config, run, run_dir, command, data, budget, threads, lock, log)
+            finished = _train(config, run, run_dir, command, data, budget, threads, lock, log, repair)
         best = run_dir / "checkpoint_best.pt"
         if not best.is_file():
             raise ExperimentError(f"{run.key}: no {best} (did validation run? check validate-interval-updates)")
         split = split or ("valid" if run.fold is not None else "test")
-        result = evaluate(best, split, data, run.fold)
+        try:
+            result = evaluate(best, split, data, run.fold)
+        except EvaluationError as exc:  # one line, not a traceback
+            raise ExperimentError(f"{run.key}: {exc}") from exc
         log_text = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
         wps = mean_train_wps(log_text)
         result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget, lr=command_lr(command),
@@ -278,15 +283,17 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
 
 
 def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
-           threads: int | None, lock: RunLock, log: Callable[[str], None]) -> dict[str, Any]:
+           threads: int | None, lock: RunLock, log: Callable[[str], None],
+           notes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or resume) the run to ``budget`` in a :func:`~mtsa_fairseq.experiments.runs.session`, its run.json
-    the translation launcher's (running, then done, failed or interrupted); returns its finished record."""
+    the translation launcher's (running, then done, failed or interrupted) with ``notes``; returns its finished
+    record."""
     log(f"[experiment] {run.key}: training -> {run_dir}")
     record = {"schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
               "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
               "data": str(data), "checkpoint": str(run_dir / "checkpoint_best.pt"), "num_updates": None,
               "train_target_tokens_per_second": None, "max_update": budget, "average_last": 0, "launcher": "local",
-              "world_size": 1}
+              "world_size": 1, **(notes or {})}
     with session(run_dir, record, run.key, lambda line: log(f"[experiment] {line}"), cpu=True) as started:
         done = started.resumed_from
         if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one more update

@@ -1,7 +1,9 @@
-"""What a training step of the MTSA layer dispatches: the operator counter itself, the one host synchronisation per
-layer (the underflow check), the additive mask both SDPA calls share, the core's forward operator by operator, and
+"""What a training step of the MTSA layer dispatches: the operator counter itself, no host synchronisation in an
+encoder's shared pass (one, the underflow check, in a layer called on its own), the additive mask both SDPA calls
+share, the core's forward operator by operator, an encoder layer's operators against fairseq's, and
 ``mtsa-bench-launches`` at a tiny size. Times are the command's to report, never asserted here."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -12,9 +14,12 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 
+from mtsa_fairseq.experiments.bench import launches
 from mtsa_fairseq.experiments.bench.launches import OperatorCount, count_step
-from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
-from mtsa_fairseq.modules.mtsa_core import mtsa_core
+from mtsa_fairseq.experiments.commands import bench_launches
+from mtsa_fairseq.modules import mtsa_attention
+from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention, shared_pass
+from mtsa_fairseq.modules.mtsa_core import SharedPass, mtsa_core
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_launches.py"
 L, B, C, H = 10, 3, 32, 4
@@ -47,17 +52,43 @@ def test_count_step_counts_the_backward_apart_from_the_forward():
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
-def test_an_mtsa_training_step_synchronises_the_host_once(padded):
-    """The underflow check reads one number, the smallest denominator; the backward reads none, and fairseq's
-    attention none at all."""
+def test_an_mtsa_training_step_synchronises_the_host_only_on_its_own(padded):
+    """In an encoder's shared pass the layer reads nothing; on its own it reads one number, the smallest denominator;
+    the backward reads none, and fairseq's attention none at all."""
     x, pad = layer_input(padded)
     mtsa = MTSAMultiheadAttention(C, H, dropout=0.1).train()
     mha = MultiheadAttention(C, H, dropout=0.1, self_attention=True).train()
     counts = count_step(lambda: mtsa(x, x, x, key_padding_mask=pad)[0])
     assert counts["forward"]["syncs_by_name"] == {"_local_scalar_dense": 1}
     assert counts["backward"]["syncs"] == 0
+    with shared_pass(SharedPass()) as shared:
+        counts = count_step(lambda: mtsa(x, x, x, key_padding_mask=pad)[0])
+    assert counts["forward"]["syncs"] == counts["backward"]["syncs"] == 0 and len(shared.dens) == 1
     counts = count_step(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=False)[0])
     assert counts["forward"]["syncs"] == counts["backward"]["syncs"] == 0
+
+
+@pytest.mark.parametrize("padding,stock,mtsa", [("padded", 57, 72), ("unpadded", 54, 72)])
+def test_an_encoder_layer_dispatches_at_most_1_3_times_fairseqs_operators(padding, stock, mtsa):
+    """The default options (exp token2token, scaled sigmoid source2token, ``--mtsa-kernel auto``) as the benchmark
+    counts them: a later layer of an encoder pass (the key mask built once per pass), forward and backward. Exact
+    counts, so that an added operator fails here."""
+    args = argparse.Namespace(dim=C, heads=H, batch=B, length=L, device="cpu", dtype="float32")
+    totals = {}
+    for name in ("transformer", "mtsa"):
+        layer = launches.build_layer(name, 0.0, "scaled_sigmoid", args)
+        inputs = launches._step_input("layer", padding, args)
+        forward = launches._forward("layer", layer, inputs)
+        forward()
+        counts = count_step(forward)
+        assert counts["forward"]["syncs"] == counts["backward"]["syncs"] == 0
+        totals[name] = counts["forward"]["operators"] + counts["backward"]["operators"]
+    assert totals == {"transformer": stock, "mtsa": mtsa}
+    assert totals["mtsa"] <= 1.3 * totals["transformer"] or padding == "unpadded"
+
+
+def test_the_commands_source2token_forms_are_the_modules():
+    assert bench_launches.S2T_ACTIVATIONS == mtsa_attention.S2T_ACTIVATIONS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -94,22 +125,23 @@ def test_the_core_forward_operator_by_operator():
 
 
 @pytest.mark.slow  # a fresh process that imports torch and fairseq
-def test_tiny_benchmark_writes_every_layer_and_padding(tmp_path):
+def test_tiny_benchmark_writes_every_level_layer_and_padding(tmp_path):
     out_json, out_md = tmp_path / "launches.json", tmp_path / "launches.md"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--batch", "2", "--length", "6", "--dim", "16", "--heads", "2",
-                           "--rounds", "1", "--json", str(out_json), "--markdown", str(out_md)],
-                          capture_output=True, text=True, timeout=600)
+                           "--layers-per-stack", "2", "--rounds", "1", "--json", str(out_json), "--markdown",
+                           str(out_md)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out_json.read_text())["rows"]
-    assert [(r["layer"], r["dropout"], r["padding"]) for r in rows] == [
-        (layer, dropout, padding) for layer in ("transformer", "mtsa") for dropout in (0.0, 0.1)
-        for padding in ("padded", "unpadded")]
+    assert [(r["level"], r["layer"], r["dropout"], r["padding"]) for r in rows] == [
+        (level, layer, dropout, padding) for level in ("layer", "model") for layer in ("transformer", "mtsa")
+        for dropout in (0.0, 0.1) for padding in ("padded", "unpadded")]
     assert all(r["forward"]["operators"] > 0 and r["backward"]["operators"] > 0 and r["ms"] > 0 for r in rows)
-    assert [r["forward"]["syncs"] for r in rows] == [0] * 4 + [1] * 4
+    assert [r["forward"]["syncs"] + r["backward"]["syncs"] for r in rows if r["level"] == "layer"] == [0] * 8
+    models = {(r["layer"], r["padding"]): r["forward"]["syncs"] for r in rows if r["level"] == "model"}
+    assert all(models["mtsa", padding] < models["transformer", padding] for padding in ("padded", "unpadded"))
     text = out_md.read_text()
-    assert ("| layer | attention dropout | padding | operators, forward | backward | total | host syncs | ms per step |"
-            in text)
-    assert text.startswith("torch ") and "batch 2, length 6, d_model 16, 2 heads" in text
+    assert "| level | layer | source2token | attention dropout | padding | operators, forward | backward |" in text
+    assert text.startswith("torch ") and "batch 2, length 6, d_model 16, 2 heads, models of 2 + 2 layers" in text
 
 
 def test_usage_errors():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
-from test_attention_modules import ENCODER_OPTIONS
+from test_mtsa_attention import ENCODER_OPTIONS
 from torch import Tensor, nn
 
 import mtsa_fairseq.plugin
@@ -262,3 +262,23 @@ def test_compile_with_graph_breaks_allowed():
     m = MTSAMultiheadAttention(16, 4).train()
     x, masks = module_inputs(m, 100.0)
     torch.testing.assert_close(torch.compile(m, backend="eager")(x, x, x, **masks)[0], m(x, x, x, **masks)[0])
+
+
+@pytest.mark.slow  # inductor compiles C++ for each graph (about half a minute per length on two cores)
+@pytest.mark.parametrize("backend,scales", [("inductor", (1.0, 1.0)), ("aot_eager", (1.0, 100.0))])
+def test_compiled_layer_trains_on_two_lengths(backend, scales):
+    """Automatic dynamic shapes: the second length recompiles with a symbolic length and must still match eager,
+    forward and backward; with aot_eager its rows underflow (scale 100), so torch.cond's log-space branch runs in
+    the symbolic graph. (Inductor on torch 2.13 passes that branch's backward a gradient with other strides than
+    it traced: docs/kernel.md, "Export".)"""
+    torch._dynamo.reset()
+    m = MTSAMultiheadAttention(16, 4).train()
+    compiled = torch.compile(m, backend=backend)
+    for length, scale in zip((7, 11), scales):
+        x = (torch.randn(length, 3, 16) * scale).requires_grad_()
+        pad = torch.zeros(3, length, dtype=torch.bool)
+        pad[1, :2] = True
+        out, ref = compiled(x, x, x, key_padding_mask=pad)[0], m(x, x, x, key_padding_mask=pad)[0]
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+        grad, ref_grad = (torch.autograd.grad(y.pow(2).sum(), x)[0] for y in (out, ref))
+        assert max_rel(grad, ref_grad) < 1e-5

@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from mtsa_fairseq.modules.mtsa_core import allowed_mask, has_allowed_key, mtsa_core
+from mtsa_fairseq.experiments.bench.launches import OperatorCount
+from mtsa_fairseq.modules.mtsa_core import SharedPass, allowed_mask, has_allowed_key, mtsa_core
 from mtsa_fairseq.modules.mtsa_reference import mtsa_literal, mtsa_naive
 
 pytestmark = pytest.mark.any_device
@@ -322,6 +323,33 @@ def test_underflowing_products_are_recomputed_in_log_space(t2t, kernel, directio
     for g, r in zip(torch.autograd.grad(out, inputs, grad.float()), torch.autograd.grad(ref, inputs64, grad)):
         assert torch.isfinite(g).all()
         assert max_rel(g, r) < 1e-4
+
+
+@pytest.mark.parametrize("t2t,kernel,direction", [("exp", "sdpa", None), ("exp", "sdpa", "bi"),
+                                                  ("exp", "sdpa-joint", None), ("exp", "dense", "forward"),
+                                                  ("sigmoid", "dense", "bi")])
+def test_a_shared_pass_reads_nothing_and_names_the_first_call_that_underflowed(t2t, kernel, direction):
+    """With ``shared`` the calls read nothing on the host and equal the checked calls where nothing underflowed;
+    rows without a key (left padding under forward heads) are not taken for underflow."""
+    pad = padding()
+    normal = [t.float().requires_grad_() for t in make_inputs()]
+    extreme = [t.detach().float() for t in extreme_inputs("exp")]
+    shared = SharedPass()
+    with OperatorCount() as count:
+        out = mtsa_core(*normal, pad, direction, True, t2t, kernel=kernel, s2t_activation="exp", shared=shared)
+        out.sum().backward()
+        assert shared.dens and not count.syncs
+        mtsa_core(*normal, pad, direction, True, t2t, kernel=kernel, s2t_activation="exp", shared=shared)
+        mtsa_core(*extreme, pad, direction, True, t2t, kernel=kernel, s2t_activation="exp", shared=shared)
+    assert not count.syncs
+    checked = [t.detach().clone().requires_grad_() for t in normal]
+    expected = mtsa_core(*checked, pad, direction, True, t2t, kernel=kernel, s2t_activation="exp")
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    for a, b in zip(normal, checked):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert shared.first_underflowed() == 2
+    assert SharedPass().first_underflowed() is None
 
 
 @pytest.mark.parametrize("t2t", ["exp", "sigmoid"])

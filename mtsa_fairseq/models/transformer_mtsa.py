@@ -11,16 +11,17 @@ from __future__ import annotations
 from argparse import ArgumentParser, Namespace
 from typing import Any
 
+import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder, TransformerModel
 from fairseq.models.transformer import transformer_legacy as legacy
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-from torch import nn
+from torch import Tensor, nn
 
-from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention
-from ..modules.mtsa_core import KERNELS
+from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention, shared_pass
+from ..modules.mtsa_core import KERNELS, SharedPass
 from ..modules.per_head import ACTIVATIONS
 from .options import Option, apply_defaults, option_value
 
@@ -121,9 +122,77 @@ class MTSADecoderLayer(TransformerDecoderLayerBase):
 
 
 class TransformerMTSAEncoder(TransformerEncoder):
+    """fairseq's encoder with :class:`MTSAEncoderLayer` layers, whose pass reads fairseq's ``has_pads`` on the host
+    once, not before every layer. Outside TorchScript and torch.compile its MTSA layers share one
+    :class:`~mtsa_fairseq.modules.mtsa_core.SharedPass` (one key mask, and one host read after the pass of whether a
+    layer's linear-space products underflowed); from the first layer that underflowed on, the layers run again, each
+    with its own check (docs/kernel.md, "Large activations")."""
+
     def build_encoder_layer(self, args: Namespace) -> nn.Module:
         cfg = TransformerConfig.from_namespace(args)
         return _wrap_layer(MTSAEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    def forward_scriptable(self, src_tokens: Tensor, src_lengths: Tensor | None = None,
+                           return_all_hiddens: bool = False,
+                           token_embeddings: Tensor | None = None) -> dict[str, list[Tensor]]:
+        """fairseq's ``forward_scriptable``, ``has_pads`` read once (see the class docstring)."""
+        encoder_padding_mask = src_tokens.eq(self.padding_idx)
+        # the most padding in one sequence, the pass's one host read before its layers
+        most = int(encoder_padding_mask.sum(dim=1).amax()) if src_tokens.numel() else 0
+        has_pads = src_tokens.device.type == "xla" or most > 0
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        if has_pads:  # padding positions enter the layers as zeros
+            x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+        padding = encoder_padding_mask if has_pads else None
+        encoder_states = [x] if return_all_hiddens else []
+        fc_results = []
+        if torch.jit.is_scripting():
+            for layer in self.layers:
+                x = layer(x, encoder_padding_mask=padding)
+        else:
+            outputs = self._eager_layers(x, padding, most == src_tokens.shape[1])
+            x = outputs[-1][0] if outputs else x
+            if return_all_hiddens:
+                encoder_states += [out for out, _ in outputs]
+                fc_results += [fc_result for _, fc_result in outputs]
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        src_lengths = src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {"encoder_out": [x], "encoder_padding_mask": [encoder_padding_mask],
+                "encoder_embedding": [encoder_embedding], "encoder_states": encoder_states, "fc_results": fc_results,
+                "src_tokens": [], "src_lengths": [src_lengths]}
+
+    @torch.jit.unused
+    def _eager_layers(self, x: Tensor, padding: Tensor | None,
+                      padding_only: bool) -> list[tuple[Tensor, Tensor | None]]:
+        """Each layer's ``(x, fc_result)``, the MTSA layers sharing one SharedPass (see the class docstring);
+        ``padding_only``: whether a sequence is padding only."""
+        if torch.compiler.is_compiling():
+            return _run_layers(self.layers, x, padding)
+        inputs, outputs, owners = [], [], []
+        with shared_pass(SharedPass(every_row_has_key=not padding_only)) as shared:
+            for index, layer in enumerate(self.layers):
+                inputs.append(x)
+                calls = len(shared.dens)
+                outputs += _run_layers([layer], x, padding)
+                x = outputs[-1][0]
+                owners += [index] * (len(shared.dens) - calls)
+            first = shared.first_underflowed()
+        if first is None:
+            return outputs
+        index = owners[first]
+        return outputs[:index] + _run_layers(self.layers[index:], inputs[index], padding)
+
+
+def _run_layers(layers, x: Tensor, padding: Tensor | None) -> list[tuple[Tensor, Tensor | None]]:
+    """Each encoder layer's ``(x, fc_result)``, each layer taking the one before's ``x``."""
+    outputs = []
+    for layer in layers:
+        out = layer(x, encoder_padding_mask=padding)
+        x, fc_result = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
+        outputs.append((x, fc_result))
+    return outputs
 
 
 class TransformerMTSADecoder(TransformerDecoder):

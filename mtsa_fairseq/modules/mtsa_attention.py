@@ -8,16 +8,31 @@ the scaled dot-product core and adds one per-head source2token dense layer ``d_v
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .mtsa_core import KERNELS, head_directions, mtsa_core, mtsa_core_scripted
+from .mtsa_core import KERNELS, SharedPass, head_directions, mtsa_core, mtsa_core_scripted
 from .per_head import PerHeadLinear, activation
 
 S2T_INPUTS = ("v", "k")
 S2T_ACTIVATIONS = ("scaled_sigmoid", "sigmoid", "exp", "scaled_exp")
+_SHARED: ContextVar[SharedPass | None] = ContextVar("mtsa_shared_pass", default=None)
+
+
+@contextmanager
+def shared_pass(shared: SharedPass) -> Iterator[SharedPass]:
+    """Within it, the MTSA layers called (outside TorchScript and torch.compile) share ``shared``: mtsa_core's
+    ``shared``, whose ``first_underflowed()`` the caller must act on."""
+    token = _SHARED.set(shared)
+    try:
+        yield shared
+    finally:
+        _SHARED.reset(token)
 
 
 class MTSAMultiheadAttention(MultiheadAttention):
@@ -144,8 +159,9 @@ class MTSAMultiheadAttention(MultiheadAttention):
             out = mtsa_core_scripted(q, k, v, s2t, key_padding_mask, self.direction, self.dropout_module.p,
                                      self.training, s2t_activation)
         else:
+            shared = None if torch.compiler.is_compiling() else _SHARED.get()
             out = mtsa_core(q, k, v, s2t, key_padding_mask, self.direction, dropout_p=self.dropout_module.p,
-                            training=self.training, kernel=self.kernel, s2t_activation=s2t_activation)
+                            training=self.training, kernel=self.kernel, s2t_activation=s2t_activation, shared=shared)
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out), None
 

@@ -112,6 +112,34 @@ def allowed_mask(key_padding_mask: Tensor | None, batch: int, num_heads: int, le
     return mask
 
 
+class SharedPass:
+    """What the :func:`mtsa_core` calls of one encoder pass share when given as ``shared``: the SDPA mask of the
+    pass's key padding mask, built once, and every call's denominators, which :meth:`first_underflowed` checks for
+    underflow after the pass with one host read, where each call on its own would read once (docs/kernel.md).
+    ``every_row_has_key``: the caller knows that no sequence is padding only (no row to zero)."""
+
+    def __init__(self, every_row_has_key: bool = False) -> None:
+        self.dens: list[Tensor] = []
+        self.every_row_has_key = every_row_has_key
+        self._mask: tuple[Tensor, torch.dtype, tuple[Tensor, Tensor | None]] | None = None
+
+    def key_bias(self, key_padding_mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+        """:func:`_key_bias` of the key padding alone, built once per mask tensor and dtype."""
+        if self._mask is None or self._mask[0] is not key_padding_mask or self._mask[1] != dtype:
+            keys = ~key_padding_mask[:, None, None, :]
+            bias = (_additive_mask(keys, dtype), None) if self.every_row_has_key else _key_bias(keys, dtype)
+            self._mask = (key_padding_mask, dtype, bias)
+        return self._mask[2]
+
+    def first_underflowed(self) -> int | None:
+        """The index of the first call whose linear-space products underflowed (its rows must be computed again
+        without ``shared``), or None: one host read, two when a call underflowed."""
+        if not self.dens:
+            return None
+        small = torch.stack([den.amin() < _sqrt_tiny(den.dtype) for den in self.dens])
+        return int(small.int().argmax()) if bool(small.any()) else None
+
+
 class _Call(NamedTuple):
     """The masks and settings of one :func:`mtsa_core` call, which its helpers share."""
 
@@ -122,6 +150,7 @@ class _Call(NamedTuple):
     s2t_activation: str | None
     scale: float
     keep: float  # of E_R and E_S in the numerator; 1 without dropout
+    shared: SharedPass | None
 
 
 def _query_chunks(batch: int, heads: int, q_len: int, k_len: int, mode: str | None,
@@ -242,6 +271,7 @@ def mtsa_core(
     q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None, direction: str | None = None,
     include_self: bool = True, token2token: str = "exp", dropout_p: float = 0.0, training: bool = False,
     kernel: str = "auto", query_chunk_size: int | None = None, s2t_activation: str | None = None,
+    shared: SharedPass | None = None,
 ) -> Tensor:
     """Multi-mask tensorized self-attention over per-head tensors (see the module docstring).
 
@@ -267,6 +297,9 @@ def mtsa_core(
         s2t_activation: None (``s2t`` is ``E_S``), ``"exp"`` (``E_S = exp(S)``) or ``"sigmoid"`` (``E_S =
             sigmoid(S)``); with the logits, rows whose linear-space weights underflow are recomputed from ``log
             E_S`` itself.
+        shared: a :class:`SharedPass` for all calls of one encoder pass: the call reads nothing on the host and
+            adds its denominators to ``shared``; the caller must call it again without ``shared`` when
+            ``shared.first_underflowed()`` names it (it then returned values only where nothing underflowed).
 
     Returns:
         ``[B, H, L_q, d_v]``; rows with no allowed key are 0.
@@ -284,7 +317,7 @@ def mtsa_core(
     if use == "flex" and q.shape[2] != k.shape[2]:
         raise ValueError("kernel='flex' needs as many queries as keys (no incremental decoding)")
     call = _Call(key_padding_mask, groups, include_self, token2token, s2t_activation, 1.0 / math.sqrt(q.shape[3]),
-                 math.sqrt(1.0 - dropout_p) if dropout_active else 1.0)
+                 math.sqrt(1.0 - dropout_p) if dropout_active else 1.0, shared)
 
     e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
     num_values, s2t_kept = _numerator_values(v, e_s, call.keep)
@@ -298,6 +331,10 @@ def mtsa_core(
         out, den = _chunked(q, k, num_values, e_s, call, use, query_chunk_size)
     if torch.compiler.is_compiling():
         return _recompute_in_graph(out, den, q, k, v, s2t, s2t_kept, call)
+    if shared is not None:  # rows without a key: SDPA's see every key, the other kernels' do not count
+        lean = use in ("sdpa", "sdpa-joint")
+        shared.dens.append(den if lean else den.masked_fill(~_rows_with_keys(q, k.shape[2], call)[..., None], 1.0))
+        return out
     if den.numel() == 0 or float(den.detach().amin()) >= _sqrt_tiny(q.dtype):  # one reduction, one synchronisation
         return out
     small = (den < _sqrt_tiny(q.dtype)).any(dim=-1)
@@ -350,7 +387,7 @@ def mtsa_core_scripted(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding
     e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
     num_values, s2t_kept = _numerator_values(v, e_s, keep)
     mask = _whole_mask(key_padding_mask, num_heads, q_len, k_len, direction, q.device)
-    out, den = _sdpa_ratio(q, k, num_values, e_s, mask, scale, keep)
+    out, den = _sdpa_ratio(q, k, num_values, e_s, None if mask is None else _key_bias(mask, q.dtype), scale, keep)
     small = (den < _sqrt_tiny(q.dtype)).any(dim=-1)
     if mask is not None:
         small = small & mask.any(dim=-1)  # rows without an allowed key stay 0
@@ -413,8 +450,7 @@ def _chunked(q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, call: _Call,
     """The SDPA and dense paths: ``(out, Z)``."""
     batch, num_heads, q_len, _ = q.shape
     k_len = k.shape[2]
-    keys_real = None if call.key_padding_mask is None else ~call.key_padding_mask
-    joint = use == "sdpa-joint"
+    pad, joint, lean = call.key_padding_mask, use == "sdpa-joint", call.shared is not None
 
     def whole(qh: Tensor, kh: Tensor, nh: Tensor, sh: Tensor, mode: str | None) -> tuple[Tensor, Tensor] | None:
         """One SDPA pair over all keys when the heads' mask needs no chunking: no positional mask, one
@@ -422,10 +458,11 @@ def _chunked(q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, call: _Call,
         if use == "dense" or not call.include_self:
             return None
         if mode is None or mode == "forward" and q_len == 1:
-            key_mask = None if keys_real is None else keys_real[:, None, None, :]
-            return _sdpa_ratio(qh, kh, nh, sh, key_mask, call.scale, call.keep, joint=joint)
-        if mode == "forward" and keys_real is None and q_len == k_len:
-            return _sdpa_ratio(qh, kh, nh, sh, None, call.scale, call.keep, is_causal=True, joint=joint)
+            bias = (None if pad is None else call.shared.key_bias(pad, q.dtype) if call.shared is not None
+                    else _key_bias(~pad[:, None, None, :], q.dtype))
+            return _sdpa_ratio(qh, kh, nh, sh, bias, call.scale, call.keep, joint=joint, lean=lean)
+        if mode == "forward" and pad is None and q_len == k_len:
+            return _sdpa_ratio(qh, kh, nh, sh, None, call.scale, call.keep, is_causal=True, joint=joint, lean=lean)
         return None
 
     if len(call.groups) == 1 and (result := whole(q, k, num_values, e_s, call.groups[0][1])) is not None:
@@ -434,6 +471,7 @@ def _chunked(q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, call: _Call,
     den = torch.empty_like(out)
     pos = torch.arange(k_len, device=q.device)
     q_pos = pos[k_len - q_len:]
+    keys_real = None if pad is None else ~pad
     for heads, mode in call.groups:
         qh, kh, nh, sh = q[:, heads], k[:, heads], num_values[:, heads], e_s[:, heads]
         if (result := whole(qh, kh, nh, sh, mode)) is not None:
@@ -445,10 +483,11 @@ def _chunked(q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, call: _Call,
             if keys_real is not None:
                 key_mask = keys_real[:, None, None, k0:k1]
                 mask = key_mask if mask is None else mask & key_mask
-            args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1], mask, call.scale)
+            args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1])
             out[:, heads, q0:q1], den[:, heads, q0:q1] = (
-                _dense_ratio(*args, call.token2token, call.keep) if use == "dense"
-                else _sdpa_ratio(*args, call.keep, joint=joint)
+                _dense_ratio(*args, mask, call.scale, call.token2token, call.keep) if use == "dense"
+                else _sdpa_ratio(*args, None if mask is None else _key_bias(mask, q.dtype), call.scale, call.keep,
+                                 joint=joint, lean=lean)
             )
     return out, den
 
@@ -524,19 +563,34 @@ def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
     return _GuardedRatio.apply(num, den)
 
 
-def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None, scale: float,
-                keep: float, is_causal: bool = False, joint: bool = False) -> tuple[Tensor, Tensor]:
+class _Ratio(torch.autograd.Function):
+    """``N / Z`` (times ``has_key``) where every ``Z`` is at least sqrt(tiny): no guard, in one or two kernels
+    forward and four or five backward; saves what the SDPA calls keep anyway."""
+
+    @staticmethod
+    def forward(ctx, num: Tensor, den: Tensor, has_key: Tensor | None) -> Tensor:
+        ctx.save_for_backward(num, den, has_key)
+        out = num / den
+        return out if has_key is None else out.mul_(has_key)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        num, den, has_key = ctx.saved_tensors
+        grad_num = grad / den if has_key is None else (grad * has_key).div_(den)
+        return grad_num, (grad_num * num).div_(den).neg_(), None
+
+
+def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, bias: tuple[Tensor, Tensor] | None,
+                scale: float, keep: float, is_causal: bool = False, joint: bool = False,
+                lean: bool = False) -> tuple[Tensor, Tensor]:
     """``(out, Z)``: ``Z = SDPA(q, k, E_S)``, ``out = SDPA(q, k, v*E_S') / Z`` with dropout (``keep < 1``) on the
-    numerator's probabilities only (reference §8.3), 0 on rows without an allowed key. ``mask``: the allowed keys
-    (boolean); ``is_causal``: the kernel's own forward-with-self mask; ``joint`` (no dropout): one call for both."""
+    numerator's probabilities only (reference §8.3), 0 on rows without an allowed key. ``bias``: :func:`_key_bias`
+    of the allowed keys; ``is_causal``: the kernel's own forward-with-self mask; ``joint`` (no dropout): one call for
+    both; ``lean``: an unguarded ratio, for callers that recompute the call wherever ``Z`` underflowed."""
+    attn_mask: Tensor | None = None
     has_key: Tensor | None = None
-    bias: Tensor | None = None
-    if mask is not None:
-        # applied whether or not a row is empty: asking would cost a host synchronisation (and a compiled graph
-        # cannot branch on it); on rows with keys both operations are the identity, in value and gradient
-        has_key = mask.any(dim=-1, keepdim=True)  # [B, 1, Lq or 1, 1]
-        # rows without a key see every key, which keeps softmax kernels away from all -inf rows; zeroed below
-        bias = _additive_mask(mask >= has_key, q.dtype)
+    if bias is not None:
+        attn_mask, has_key = bias
     if joint:
         # zero columns bring q, k and the joined values to one width, which the fused (flash) kernels need;
         # they change neither the scores (the scale is given) nor the first 2 * d_v output columns
@@ -544,15 +598,30 @@ def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, ma
         width = max(q.shape[-1], 2 * d_v)
         q, k = (F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in (q, k))
         values = F.pad(torch.cat([num_values, den_values], dim=-1), (0, width - 2 * d_v))
-        both = F.scaled_dot_product_attention(q, k, values, attn_mask=bias, scale=scale, is_causal=is_causal)
+        both = F.scaled_dot_product_attention(q, k, values, attn_mask=attn_mask, scale=scale, is_causal=is_causal)
         num, den = both[..., :d_v], both[..., d_v:2 * d_v]
     else:
         num = F.scaled_dot_product_attention(
-            q, k, num_values, attn_mask=bias, dropout_p=1.0 - keep, scale=scale, is_causal=is_causal
+            q, k, num_values, attn_mask=attn_mask, dropout_p=1.0 - keep, scale=scale, is_causal=is_causal
         )
-        den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=bias, scale=scale, is_causal=is_causal)
-    out = _guarded_ratio(num, den)
-    return (out if has_key is None else out * has_key), den
+        den = F.scaled_dot_product_attention(q, k, den_values, attn_mask=attn_mask, scale=scale, is_causal=is_causal)
+    return _ratio(num, den, has_key, lean), den
+
+
+def _ratio(num: Tensor, den: Tensor, has_key: Tensor | None, lean: bool) -> Tensor:
+    if torch.jit.is_scripting() or not lean:
+        out = _guarded_ratio(num, den)
+        return out if has_key is None else out * has_key
+    return _Ratio.apply(num, den, has_key)
+
+
+def _key_bias(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """SDPA's additive mask for the boolean allowed keys ``mask`` and ``has_key`` (``[B, 1, L_q or 1, 1]``).
+    Rows without a key see every key, which keeps softmax kernels away from all -inf rows, and are zeroed by
+    ``has_key``; applied whether or not such a row exists: asking would cost a host synchronisation (and a compiled
+    graph cannot branch on it); on rows with keys both are the identity, in value and gradient."""
+    has_key = mask.any(dim=-1, keepdim=True)
+    return _additive_mask(mask >= has_key, dtype), has_key
 
 
 def _additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:

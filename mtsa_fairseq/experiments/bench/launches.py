@@ -85,58 +85,114 @@ def profile_cuda_step(step: Callable[[], None]) -> dict[str, int]:
 
 
 PADDINGS = ("padded", "unpadded")
+LEVELS = ("layer", "model")
 
 
-def build_layer(name: str, dropout: float, args: argparse.Namespace):
-    """The attention module ``name`` with attention dropout ``dropout`` on ``args.device`` in ``args.dtype``, in
-    training mode."""
-    from fairseq.modules import MultiheadAttention
+def _kernel(name: str) -> str:
+    return name.removeprefix("mtsa-") if name != "mtsa" else "auto"
 
-    from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
 
+def build_layer(name: str, dropout: float, s2t_activation: str, args: argparse.Namespace) -> torch.nn.Module:
+    """fairseq's encoder layer (``transformer``) or :class:`MTSAEncoderLayer` (``mtsa``, ``mtsa-<kernel>``) of width
+    ``args.dim`` (FFN 4x), ``args.heads`` heads, dropout 0.1 and attention dropout ``dropout``, in training mode."""
+    from fairseq.models.transformer import TransformerConfig
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+    from mtsa_fairseq.models.transformer_mtsa import MTSAEncoderLayer
+
+    cfg = TransformerConfig(dropout=0.1, attention_dropout=dropout)
+    cfg.encoder.embed_dim, cfg.encoder.ffn_embed_dim, cfg.encoder.attention_heads = args.dim, 4 * args.dim, args.heads
+    cfg.mtsa_kernel, cfg.mtsa_s2t_activation = _kernel(name), s2t_activation
     torch.manual_seed(0)
-    if name == "transformer":
-        module = MultiheadAttention(args.dim, args.heads, dropout=dropout, self_attention=True)
-    else:
-        kernel = name.removeprefix("mtsa-") if name != "mtsa" else "auto"
-        module = MTSAMultiheadAttention(args.dim, args.heads, dropout=dropout, kernel=kernel)
-    return module.to(device=args.device, dtype=getattr(torch, args.dtype)).train()
+    layer = TransformerEncoderLayerBase(cfg) if name == "transformer" else MTSAEncoderLayer(cfg)
+    return layer.to(device=args.device, dtype=getattr(torch, args.dtype)).train()
 
 
-def layer_input(padding: str, args: argparse.Namespace):
-    """``x [L, B, dim]`` (requiring its gradient) and the key padding mask (None without padding)."""
+def build_model(name: str, dropout: float, s2t_activation: str, args: argparse.Namespace) -> torch.nn.Module:
+    """``transformer_wmt_en_de`` or ``transformer_mtsa_wmt_en_de`` at ``build_layer``'s sizes, ``args.layers_per_stack``
+    encoder and decoder layers, a joined dictionary of 100 words, in training mode."""
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    import mtsa_fairseq.plugin  # noqa: F401  (registers the architectures)
+
+    arch = "transformer_wmt_en_de" if name == "transformer" else "transformer_mtsa_wmt_en_de"
+    sizes = {f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in (
+        ("embed_dim", args.dim), ("ffn_embed_dim", 4 * args.dim), ("attention_heads", args.heads),
+        ("layers", args.layers_per_stack))}
+    ns = argparse.Namespace(**sizes, attention_dropout=dropout, share_all_embeddings=True,
+                            mtsa_kernel=_kernel(name), mtsa_s2t_activation=s2t_activation)
+    ARCH_CONFIG_REGISTRY[arch](ns)
+    words = Dictionary()
+    for i in range(100):
+        words.add_symbol(f"w{i}")
+    torch.manual_seed(0)
+    task = argparse.Namespace(source_dictionary=words, target_dictionary=words)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(ns, task)
+    return model.to(device=args.device, dtype=getattr(torch, args.dtype)).train()
+
+
+def _step_input(level: str, padding: str, args: argparse.Namespace) -> tuple[Any, ...]:
+    """A layer's ``(x [L, B, dim] requiring its gradient, key padding mask or None)``, or a model's ``(source tokens,
+    their lengths, previous target tokens)``: one left-padded sequence (fairseq pads sources on the left), or none."""
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(args.length, args.batch, args.dim, generator=generator).to(args.device, getattr(torch, args.dtype))
-    if padding == "unpadded":
-        return x.requires_grad_(), None
     pad = torch.zeros(args.batch, args.length, dtype=torch.bool)
-    pad[-1, : max(1, args.length // 4)] = True  # left-padded, as fairseq batches sources
-    return x.requires_grad_(), pad.to(args.device)
+    if padding == "padded":
+        pad[-1, : max(1, args.length // 4)] = True
+    if level == "layer":
+        x = torch.randn(args.length, args.batch, args.dim, generator=generator)
+        x = x.to(args.device, getattr(torch, args.dtype))
+        return x.requires_grad_(), pad.to(args.device) if padding == "padded" else None
+    tokens = torch.randint(4, 100, (args.batch, args.length), generator=generator).masked_fill(pad, 1)
+    lengths = (~pad).sum(dim=1)
+    return tokens.to(args.device), lengths.to(args.device), tokens.roll(1, dims=1).to(args.device)
+
+
+def _forward(level: str, module: torch.nn.Module, inputs: tuple[Any, ...]) -> Callable[[], Tensor]:
+    """A layer called as fairseq's encoder calls its second and later layers (an MTSA layer in a shared pass whose
+    key mask an earlier layer built), or the whole model's forward to its logits."""
+    if level == "model":
+        return lambda: module(*inputs)[0]
+    from mtsa_fairseq.modules.mtsa_attention import shared_pass
+    from mtsa_fairseq.modules.mtsa_core import SharedPass
+
+    x, pad = inputs
+    shared = SharedPass(every_row_has_key=True)
+    if pad is not None:
+        shared.key_bias(pad, x.dtype)
+
+    def forward() -> Tensor:
+        shared.dens.clear()
+        with shared_pass(shared):
+            return module(x, encoder_padding_mask=pad)
+    return forward
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
-    """One row per (layer, dropout, padding): operator and synchronisation counts of a step, on CUDA the
-    profiler's, and the median time of ``args.rounds`` steps taken in turns."""
+    """One row per (level, layer, source2token form, dropout, padding): operator and synchronisation counts of a
+    training step, on CUDA the profiler's, and the median time of ``args.rounds`` steps taken in turns."""
     cuda = args.device.startswith("cuda")
     rows, steps = [], {}
-    for name, dropout in itertools.product(args.layers, args.dropouts):
-        module = build_layer(name, dropout, args)
+    cells = [(level, name, s2t) for level in args.levels for name in args.layers
+             for s2t in (["-"] if name == "transformer" else args.s2t_activations)]
+    for (level, name, s2t), dropout in itertools.product(cells, args.dropouts):
+        module = (build_layer if level == "layer" else build_model)(name, dropout, s2t, args)
         for padding in PADDINGS:
-            x, pad = layer_input(padding, args)
+            inputs = _step_input(level, padding, args)
+            forward = _forward(level, module, inputs)
 
-            def forward(module=module, x=x, pad=pad):
-                return module(x, x, x, key_padding_mask=pad, need_weights=False)[0]
-
-            def step(_round: int = 0, forward=forward, x=x, module=module):
-                x.grad = None
+            def step(_round: int = 0, forward=forward, inputs=inputs, module=module):
+                inputs[0].grad = None
                 module.zero_grad(set_to_none=True)
                 out = forward()
                 out.backward(torch.ones_like(out))
 
             step()  # warm-up: lazy initialisation, kernel compilation and autotuning stay out of the counts
-            x.grad = None
-            module.zero_grad(set_to_none=True)  # as fairseq's optimiser leaves them: no gradient to add to
-            row = {"layer": name, "dropout": dropout, "padding": padding, **count_step(forward)}
+            step()  # the optimiser leaves no gradient to add to, as below
+            inputs[0].grad = None
+            module.zero_grad(set_to_none=True)
+            row = {"level": level, "layer": name, "s2t_activation": s2t, "dropout": dropout, "padding": padding,
+                   **count_step(forward)}
             if cuda:
                 row["cuda"] = profile_cuda_step(step)
             rows.append(row)
@@ -148,22 +204,27 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
 
 def _cell(row: dict) -> str:
-    return f"{row['layer']}, dropout {row['dropout']}, {row['padding']}"
+    return f"{row['level']} {row['layer']} {row['s2t_activation']}, dropout {row['dropout']}, {row['padding']}"
 
 
 def table(rows: list[dict], cuda: bool) -> str:
-    """The Markdown table of ``rows``, time as a ratio to the first layer's at the same dropout and padding."""
-    header = ["layer", "attention dropout", "padding", "operators, forward", "backward", "total", "host syncs"]
+    """The Markdown table of ``rows``, operators and time also as ratios to the first layer's at the same level,
+    dropout and padding."""
+    header = ["level", "layer", "source2token", "attention dropout", "padding", "operators, forward", "backward",
+              "total", "operators / " + rows[0]["layer"], "host syncs"]
     header += ["CUDA launches", "CUDA syncs"] if cuda else []
     header += ["ms per step", f"time / {rows[0]['layer']}"]
-    first = {(row["dropout"], row["padding"]): row for row in rows if row["layer"] == rows[0]["layer"]}
+    first = {(row["level"], row["dropout"], row["padding"]): row for row in rows if row["layer"] == rows[0]["layer"]}
     lines = []
     for row in rows:
         forward, backward = row["forward"]["operators"], row["backward"]["operators"]
-        cells = [row["layer"], str(row["dropout"]), row["padding"], str(forward), str(backward),
-                 str(forward + backward), str(row["forward"]["syncs"] + row["backward"]["syncs"])]
+        ref = first[row["level"], row["dropout"], row["padding"]]
+        cells = [row["level"], row["layer"], row["s2t_activation"], str(row["dropout"]), row["padding"], str(forward),
+                 str(backward), str(forward + backward),
+                 f"{(forward + backward) / (ref['forward']['operators'] + ref['backward']['operators']):.3f}",
+                 str(row["forward"]["syncs"] + row["backward"]["syncs"])]
         cells += [str(row["cuda"]["launches"]), str(row["cuda"]["syncs"])] if cuda else []
-        cells += [f"{row['ms']:.2f}", f"{row['ms'] / first[row['dropout'], row['padding']]['ms']:.3f}"]
+        cells += [f"{row['ms']:.2f}", f"{row['ms'] / ref['ms']:.3f}"]
         lines.append(cells)
     return markdown_table(header, lines)
 
@@ -173,11 +234,13 @@ def run(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = measure(args)
-    settings = {name: getattr(args, name) for name in ("batch", "length", "dim", "heads", "dropouts", "rounds",
+    settings = {name: getattr(args, name) for name in ("levels", "batch", "length", "dim", "heads",
+                                                      "layers_per_stack", "s2t_activations", "dropouts", "rounds",
                                                       "threads", "device", "dtype")}
     meta = (f"torch {torch.__version__}, {device_name(args.device)}, {args.dtype}, batch {args.batch}, length "
-            f"{args.length}, d_model {args.dim}, {args.heads} heads, training step (forward + backward), time the "
-            f"median of {args.rounds} steps taken in turns")
+            f"{args.length}, d_model {args.dim}, {args.heads} heads, models of {args.layers_per_stack} + "
+            f"{args.layers_per_stack} layers, training step (forward + backward), time the median of {args.rounds} "
+            "steps taken in turns")
     text = table(rows, args.device.startswith("cuda"))
     if args.json:
         write_json(args.json, {"torch": torch.__version__, "device": device_name(args.device), "settings": settings,

@@ -1,23 +1,21 @@
-"""Operators, host synchronisations and time of one training step of an attention layer, MTSA against fairseq's
-multi-head attention, side by side.
+"""Operators, host synchronisations and time of one training step, MTSA against fairseq's Transformer, side by
+side (docs/benchmark-launches.md), per encoder layer and per whole model.
 
-A layer is the self-attention of an encoder layer, called as fairseq's encoder layer calls it (training mode), on
-``--batch`` sequences of ``--length`` tokens of width ``--dim``, once with one left-padded sequence (a key padding
-mask) and once without padding (fairseq then passes none), at each attention dropout of ``--dropouts`` (0 is
-fairseq's default, as mtsa-bench-fairseq-train trains; the paper's setups use 0.1):
+``--levels layer``: an encoder layer (fairseq's, or :class:`MTSAEncoderLayer`) called as fairseq's encoder calls its
+second and later layers (training mode; an MTSA layer in its encoder's shared pass, whose key mask the first layer
+built); ``model``: ``transformer_wmt_en_de`` against ``transformer_mtsa_wmt_en_de`` at the same sizes with
+``--layers-per-stack`` encoder and decoder layers. Each on ``--batch`` sequences of ``--length`` tokens of width
+``--dim``, with one left-padded sequence and without padding, at each attention dropout of ``--dropouts``:
 
-* ``transformer``: fairseq's ``MultiheadAttention``;
-* ``mtsa``: ``MTSAMultiheadAttention`` with ``kernel="auto"`` (two SDPA calls for its exp token2token);
+* ``transformer``: fairseq's;
+* ``mtsa``: MTSA with ``--mtsa-kernel auto`` (two SDPA calls for its exp token2token), one row per
+  ``--s2t-activations`` form;
 * ``mtsa-sdpa-joint``, ``mtsa-dense``, ``mtsa-triton``: the same with the kernel fixed (``sdpa-joint`` needs
   ``--dropouts 0``, ``triton`` CUDA).
 
-For each a step (forward, then backward from a gradient of ones) is counted after a warm-up step: the operators
-dispatched to the device and the host synchronisations (mtsa_fairseq/experiments/bench/launches.py, which also
-builds the layers and measures them), on CUDA also
-torch.profiler's kernel launches and synchronisations. Time: the median of ``--rounds`` steps, all layers taking
-turns in each round (ABBA), in this one process. A loop that waits for its host (fairseq-train at WMT batch
-sizes, docs/kernel.md) pays for every operator and synchronisation; the default size is small enough that the
-CPU's time is mostly that cost.
+A step (forward, then backward from a gradient of ones) is counted after warm-up steps as
+mtsa_fairseq/experiments/bench/launches.py says; time: the median of ``--rounds`` steps, all rows taking turns in
+each round (ABBA), in this one process.
 
   mtsa-bench-launches --threads 1 --json launches.json --markdown launches.md
   mtsa-bench-launches --device cuda --dtype float16 --batch 128 --length 32 --dim 512 --heads 8 \\
@@ -32,6 +30,7 @@ from pathlib import Path
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.processes import run_command
 
+S2T_ACTIVATIONS = ("scaled_sigmoid", "sigmoid", "exp", "scaled_exp")  # mtsa_attention's, without importing torch
 LAYERS = ("transformer", "mtsa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton")  # launches.build_layer's names
 
 
@@ -40,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", nargs="+", choices=LAYERS, default=["transformer", "mtsa"],
                         help="the layers, the first the time ratios' reference")
+    parser.add_argument("--levels", nargs="+", choices=("layer", "model"), default=["layer", "model"],
+                        help="encoder layers, whole models, or both")
+    parser.add_argument("--s2t-activations", nargs="+", choices=S2T_ACTIVATIONS, default=["scaled_sigmoid"],
+                        help="MTSA's --mtsa-s2t-activation forms (default: the models' default)")
+    parser.add_argument("--layers-per-stack", type=int, default=6, help="encoder and decoder layers of a model")
     parser.add_argument("--batch", type=int, default=2, help="sequences per batch")
     parser.add_argument("--length", type=int, default=16, help="tokens per sequence")
     parser.add_argument("--dim", type=int, default=64, help="model width (head width: dim / heads)")

@@ -1,0 +1,104 @@
+"""The MTSA encoder's pass (models/transformer_mtsa.py): fairseq's ``has_pads`` read once, the layers' underflow
+checks deferred to one read after the pass, and the same outputs as the layers run one by one, each with its own
+check, including when a layer's linear-space products underflow and when a sequence is padding only."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq import options, tasks
+
+import mtsa_fairseq.plugin
+from mtsa_fairseq.experiments.bench.launches import count_step
+from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
+
+USER_DIR = str(Path(mtsa_fairseq.__file__).parent)
+
+
+def build(tmp_path: Path, arch: str, *extra: str):
+    for lang in ("en", "de"):
+        (tmp_path / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(60)))
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(tmp_path), "--user-dir", USER_DIR, "--arch", arch, "--share-all-embeddings", "--task", "translation",
+        "-s", "en", "-t", "de", "--encoder-layers", "3", *extra])
+    torch.manual_seed(0)
+    return tasks.setup_task(args).build_model(args).train()
+
+
+def sources(padding_only: bool = False) -> torch.Tensor:
+    tokens = torch.randint(4, 64, (3, 7))
+    tokens[1, :3] = 1  # left-padded, as fairseq batches sources
+    if padding_only:
+        tokens[2] = 1
+    return tokens
+
+
+def layer_by_layer(encoder, tokens: torch.Tensor) -> torch.Tensor:
+    """The encoder's output with every layer called on its own, each checking its own rows."""
+    pad = tokens.eq(encoder.padding_idx)
+    x, _ = encoder.forward_embedding(tokens)
+    x = (x * (1 - pad.unsqueeze(-1).type_as(x))).transpose(0, 1)
+    for layer in encoder.layers:
+        x = layer(x, encoder_padding_mask=pad)
+    return x
+
+
+@pytest.mark.parametrize("padding_only", [False, True], ids=["padded", "a-sequence-of-padding-only"])
+def test_the_pass_equals_its_layers_run_one_by_one(tmp_path, padding_only):
+    encoder = build(tmp_path, "transformer_mtsa_tiny", "--dropout", "0").encoder
+    tokens = sources(padding_only)
+    out = encoder(tokens, None)["encoder_out"][0]
+    torch.testing.assert_close(out, encoder.layer_norm(layer_by_layer(encoder, tokens)) if encoder.layer_norm
+                               else layer_by_layer(encoder, tokens), rtol=1e-5, atol=1e-6)
+    if padding_only:  # MTSA's rows without a key are 0, before the residual connection
+        assert torch.isfinite(out).all()
+
+
+def test_a_layer_whose_products_underflow_runs_again_with_every_layer_after_it(tmp_path, monkeypatch):
+    encoder = build(tmp_path, "transformer_mtsa_tiny", "--dropout", "0").encoder
+    with torch.no_grad():  # sigmoid(-1e4 / sqrt(d)) is 0 in float32: every denominator of the second layer is 0
+        encoder.layers[1].self_attn.s2t.bias.fill_(-1e4)
+    calls = []
+    forward = MTSAMultiheadAttention.forward
+
+    def recording(self, *args, **kwargs):
+        calls.append(next(i for i, layer in enumerate(encoder.layers) if layer.self_attn is self))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(MTSAMultiheadAttention, "forward", recording)
+    tokens = sources()
+    out = encoder(tokens, None)["encoder_out"][0]
+    assert calls == [0, 1, 2, 1, 2]
+    calls.clear()
+    expected = layer_by_layer(encoder, tokens)
+    torch.testing.assert_close(out, encoder.layer_norm(expected) if encoder.layer_norm else expected)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in encoder.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_the_encoder_reads_the_host_twice_per_pass_where_fairseqs_reads_once_per_layer(tmp_path, padded):
+    """MTSA: the most padding of a sequence before the layers, whether a layer underflowed after them, nothing in
+    the backward; fairseq's encoder reads ``has_pads`` before every layer (and a CPU flag once). Both embed the
+    same way (fairseq's sinusoidal positions read shapes kept as CPU tensors)."""
+    tokens = sources() if padded else torch.randint(4, 64, (3, 7))
+    mtsa = build(tmp_path, "transformer_mtsa_tiny").encoder
+    stock = build(tmp_path, "transformer_tiny", "--encoder-layers", "3").encoder
+    embedding = count_step(lambda: stock.forward_embedding(tokens)[0])["forward"]["syncs"]
+    counts = count_step(lambda: mtsa(tokens, None)["encoder_out"][0])
+    assert counts["forward"]["syncs_by_name"] == {"_local_scalar_dense": embedding + 2}
+    assert counts["backward"]["syncs"] == 0
+    counts = count_step(lambda: stock(tokens, None)["encoder_out"][0])
+    assert counts["forward"]["syncs_by_name"] == {"_local_scalar_dense": embedding + 1 + 3}
+
+
+def test_activation_checkpointing_recomputes_the_same_gradients(tmp_path):
+    """fairseq's --checkpoint-activations reruns each layer's forward in the backward, outside the shared pass: each
+    layer then checks on its own, and the gradients are the pass's."""
+    grads = []
+    for extra in ([], ["--checkpoint-activations"]):
+        encoder = build(tmp_path, "transformer_mtsa_tiny", "--dropout", "0", *extra).encoder
+        encoder(sources(), None)["encoder_out"][0].pow(2).sum().backward()
+        grads.append([p.grad for p in encoder.parameters()])
+    for plain, checkpointed in zip(*grads):
+        torch.testing.assert_close(plain, checkpointed)

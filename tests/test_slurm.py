@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from process_helpers import wait_for
-from test_launcher import ENV, ROOT, corpus, write_config  # noqa: F401  (corpus is a fixture)
+from test_launch import ENV, ROOT, corpus, write_config  # noqa: F401  (corpus is a fixture)
 
 from mtsa_fairseq.experiments.runs import checkpoint_updates
 

@@ -76,8 +76,13 @@ def staging_dir(out: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def move_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished temporary directory ``tmp`` to ``out`` (replacing an existing ``out``)."""
+def publish_dir(tmp: Path, out: Path, manifest: dict) -> None:
+    """Finish the staged directory ``tmp``: write its ``manifest.json``, give it a new directory's permissions
+    (the umask's) and rename it to ``out``, replacing an existing ``out``."""
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
     if not out.exists():
         tmp.rename(out)
         return
@@ -85,10 +90,3 @@ def move_into_place(tmp: Path, out: Path) -> None:
     out.rename(old / out.name)
     tmp.rename(out)
     shutil.rmtree(old)
-
-
-def current_umask() -> int:
-    """The process umask (read without changing it)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -153,15 +153,18 @@ def find_executable(name: str) -> str:
     return found
 
 
-def run_command(main: Callable[[], None], resumes: bool = True) -> None:
+def run_command(main: Callable[[], None], resumes: bool = True, errors: tuple[type[Exception], ...] = ()) -> None:
     """Run a command's ``main`` so that SIGTERM and Ctrl-C stop its children (the handlers on the way out do)
     and end it with one line and the shell's exit status for the signal (143, 130) instead of a traceback;
-    an environment failure (a full disk, a directory that vanished, permissions) or an output another process
-    holds (:class:`LockBusy`) is one line and status 1. The line says whether rerunning the command resumes it
-    (``resumes``) or starts it again (the benchmarks)."""
+    an environment failure (a full disk, a directory that vanished, permissions), an output another process
+    holds (:class:`LockBusy`) or one of the command's ``errors`` (bad input, its message naming the problem) is
+    one line and status 1. The line says whether rerunning the command resumes it (``resumes``) or starts it
+    again (the benchmarks)."""
     terminate_on_sigterm()
     try:
         main()
+    except errors as err:
+        sys.exit(f"error: {err}")
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
@@ -182,15 +185,10 @@ def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str]
                ignored: tuple[int, ...] = ()) -> tuple[int, float, str]:
     """Run ``command`` holding ``lock``, appending its output to ``log_path`` (if given) and to stdout (if
     ``echo``), and passing each line to ``on_line`` (e.g. an :class:`UpdateProgress`); the child ignores the
-    ``ignored`` signals (:func:`child_options`).
-
-    A Python child writes unbuffered (``PYTHONUNBUFFERED=1`` unless ``env`` says otherwise), so its stdout and
-    stderr lines reach the log in the order written (the last line of a failed fairseq command is its error,
-    not stdout flushed at exit) and progress lines arrive as printed.
-
-    Any exception here (Ctrl-C, :class:`Terminated`) stops the child's whole process group (SIGTERM, then
-    SIGKILL after 30 s) and appends what the child wrote until it ended (e.g. a validation it logged just
-    before) to the log before it propagates. Returns the exit status, the peak resident set in MB of the
+    ``ignored`` signals (:func:`child_options`) and, a Python child, writes unbuffered (``PYTHONUNBUFFERED=1``
+    unless ``env`` says otherwise), so its lines reach the log in the order written. Any exception here
+    (Ctrl-C, :class:`Terminated`) stops the child's process group (:func:`stop_group`) and logs what the child
+    wrote until it ended before it propagates. Returns the exit status, the peak resident set in MB of the
     largest process of the child's tree (``ru_maxrss``) and the output of this session."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},

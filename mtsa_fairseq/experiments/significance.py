@@ -60,10 +60,8 @@ class RunResult:
 def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, list[str]] | None = None,
                 allow_diverged: bool = False) -> RunResult:
     """Read and check one result file: schema, fields, and hypotheses/references line counts; the result of a
-    diverged run is refused unless ``allow_diverged``.
-
-    ``ref_cache`` maps reference paths to their lines, so that runs sharing a reference file read it once.
-    """
+    diverged run is refused unless ``allow_diverged``. ``ref_cache`` (reference path -> lines) reads a reference
+    file shared by several runs once."""
     path = Path(path)
     data = read_json(path, RESULT_SCHEMA, "result file", SignificanceError)
     if data.get("diverged") and not allow_diverged:
@@ -96,9 +94,8 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
     hyps, refs = read_lines(files["hypotheses"], SignificanceError), cache[files["references"]]
     n = data["num_sentences"]
     if not len(hyps) == len(refs) == n:
-        raise SignificanceError(
-            f"{path}: hypotheses have {len(hyps)} lines, references {len(refs)}, num_sentences is {n}"
-        )
+        raise SignificanceError(f"{path}: hypotheses have {len(hyps)} lines, references {len(refs)}, "
+                                f"num_sentences is {n}")
     return RunResult(path=path, system=data["system"], setup=data.get("setup"), test_set=data["test_set"],
                      seed=data.get("seed"), num_params=data["num_params"], bleu=data["bleu"],
                      hypotheses=hyps, references=refs)
@@ -409,9 +406,8 @@ def _check_group(key: GroupKey, baseline: list[RunResult], system: list[RunResul
             raise SignificanceError(f"{where}: {run.path} and {first.path} were scored against different references")
 
 
-def group_results(
-    baseline: list[RunResult], system: list[RunResult]
-) -> dict[GroupKey, tuple[list[RunResult], list[RunResult]]]:
+def group_results(baseline: list[RunResult],
+                  system: list[RunResult]) -> dict[GroupKey, tuple[list[RunResult], list[RunResult]]]:
     """Group both sides by (setup, test set); each group must exist on both sides with >= 2 runs each."""
     groups: dict[GroupKey, tuple[list[RunResult], list[RunResult]]] = {}
     for index, runs in ((0, baseline), (1, system)):
@@ -441,19 +437,10 @@ def load_side(paths: Sequence[Path], metric: str, cache: dict[Path, list[str]],
     return runs
 
 
-def compare(
-    baseline_paths: Sequence[Path],
-    system_paths: Sequence[Path],
-    *,
-    metric: str = "sacrebleu",
-    test: str = "welch",
-    bootstrap: str = "two-sided",
-    equivalence_margin: float | None = None,
-    bootstrap_samples: int = 1000,
-    ar_samples: int = 10000,
-    seed: int = 12345,
-    allow_diverged: bool = False,
-) -> Comparison:
+def compare(baseline_paths: Sequence[Path], system_paths: Sequence[Path], *, metric: str = "sacrebleu",
+            test: str = "welch", bootstrap: str = "two-sided", equivalence_margin: float | None = None,
+            bootstrap_samples: int = 1000, ar_samples: int = 10000, seed: int = 12345,
+            allow_diverged: bool = False) -> Comparison:
     """Load, check and compare; raises ``SignificanceError`` on bad input before any test runs. ``bootstrap``
     (one of :data:`BOOTSTRAPS`) is the paired bootstrap the Markdown report shows (the JSON holds both)."""
     if bootstrap not in BOOTSTRAPS:
@@ -599,33 +586,18 @@ def comparison_to_json(comparison: Comparison, names: tuple[str, str]) -> dict[s
         return {"name": name, "num_params": sorted({r.num_params for r in runs}),
                 "runs": [{"seed": r.seed, "bleu": r.bleu[comparison.metric], "result": str(r.path)} for r in runs]}
 
+    c = comparison
     return {
-        "schema": "mtsa-fairseq.significance.v1",
-        "metric": comparison.metric,
-        "signature": comparison.signature,
-        "test": comparison.test,
-        "bootstrap": comparison.bootstrap,
-        "paired_tests": PAIRED_TESTS,
-        "power": POWER,
-        "alpha": ALPHA,
-        "equivalence_margin": comparison.equivalence_margin,
-        "bootstrap_samples": comparison.bootstrap_samples,
-        "ar_samples": comparison.ar_samples,
-        "seed": comparison.seed,
-        "groups": [
-            {
-                "setup": g.setup,
-                "test_set": g.test_set,
-                "baseline": side(g.baseline, names[0]),
-                "system": side(g.system, names[1]),
-                "t_test": vars(g.ttest),
-                "detectable_difference": g.detectable,
-                "equivalence": None if g.equivalence is None else vars(g.equivalence),
-                "paired": [{"seed": p.seed, **vars(p.tests)} for p in g.paired],
-                "unmatched_seeds": {"baseline": g.unmatched_baseline, "system": g.unmatched_system},
-            }
-            for g in comparison.groups
-        ],
+        "schema": "mtsa-fairseq.significance.v1", "metric": c.metric, "signature": c.signature, "test": c.test,
+        "bootstrap": c.bootstrap, "paired_tests": PAIRED_TESTS, "power": POWER, "alpha": ALPHA,
+        "equivalence_margin": c.equivalence_margin, "bootstrap_samples": c.bootstrap_samples,
+        "ar_samples": c.ar_samples, "seed": c.seed,
+        "groups": [{"setup": g.setup, "test_set": g.test_set, "baseline": side(g.baseline, names[0]),
+                    "system": side(g.system, names[1]), "t_test": vars(g.ttest), "detectable_difference": g.detectable,
+                    "equivalence": None if g.equivalence is None else vars(g.equivalence),
+                    "paired": [{"seed": p.seed, **vars(p.tests)} for p in g.paired],
+                    "unmatched_seeds": {"baseline": g.unmatched_baseline, "system": g.unmatched_system}}
+                   for g in c.groups],
     }
 
 

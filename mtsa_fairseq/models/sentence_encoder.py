@@ -1,16 +1,12 @@
-"""Sentence encoders (MTSA, Fast-DiSA, DiSAN and the papers' baselines) with the authors' classifiers.
-
-``fairseq-train DATA --user-dir mtsa_fairseq --task sentence_encoding --arch mtsa_encoder ...``. One model
-class, one architecture per encoder; the task's data (``manifest.json``) decides the head:
+"""Sentence encoders (MTSA, Fast-DiSA, DiSAN and the papers' baselines) with the authors' classifiers: one model
+class (``--task sentence_encoding``), one architecture per encoder; the task's data decides the head, with input
+dropout ``--dropout`` before every dense layer and embeddings as in reference §3.1:
 
 * single sentence: ``y = W_2 act(W_1 e + b_1) (+ b_2)`` (docs/reference.md §3.2, §4.4);
-* pair (SNLI, MultiNLI), separate encoding with shared weights: ``u = [p; h; p - h; p * h]`` ->
-  ``act(W_1 u + b_1)`` -> optional highway layer (MTSA's SNLI model, reference §3.1) -> ``W_2 . (+ b_2)``;
-* relatedness (SICK), Tai et al. (2015): ``[p * h; |p - h|]`` -> ``act(W_1 . + b_1)`` -> 5 logits; the
-  predicted score is ``sum_k k * softmax_k`` (the criterion trains it with Tai's sparse target distribution).
-
-Every dense layer of the head gets input dropout ``--dropout`` (the code's ``1 - keep``). Embeddings
-follow reference §3.1 (:class:`~mtsa_fairseq.modules.word_embedding.WordEmbedding`).
+* pair (SNLI, MultiNLI), shared weights: ``[p; h; p - h; p * h]`` -> ``act(W_1 . + b_1)`` -> optional highway
+  (reference §3.1) -> ``W_2 . (+ b_2)``;
+* relatedness (SICK, Tai et al. 2015): ``[p * h; |p - h|]`` -> ``act(W_1 . + b_1)`` -> 5 logits, the score
+  ``sum_k k * softmax_k`` (docs/sentence-tasks.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Baseline sentence encoders of the DiSAN paper (Shen et al., AAAI 2018, section "Baselines"), each
-followed by multi-dimensional source2token pooling (docs/reference.md §2.6).
-
-Every encoder has the same interface::
-
-    encoder = Encoder(input_dim, ..., dropout=0.0)
-    encoder.output_dim                                    # width of the sentence vector
-    encoder(x [B, L, input_dim], key_padding_mask [B, L] bool (True = pad) or None) -> [B, output_dim]
-
-Padding never influences real tokens: the BiLSTM runs on packed sequences, the convolutions see
-zeros at padded positions, and the multi-head attention masks padded keys and numbers positions
-by real tokens only. A sentence therefore encodes to the same vector alone, left- or right-padded.
+"""Baseline sentence encoders of the DiSAN paper (Shen et al., AAAI 2018, section "Baselines"), each followed by
+multi-dimensional source2token pooling (docs/reference.md §2.6). Every encoder has ``output_dim`` (the sentence
+vector's width) and maps ``x [B, L, input_dim]`` with ``key_padding_mask [B, L]`` (bool, True = pad, or None) to
+``[B, output_dim]``. Padding never influences real tokens, so a sentence encodes to the same vector alone, left-
+or right-padded. ``dropout`` applies to each encoder's inputs and to the pooling layers' inputs;
+``pool_activation`` is the pooling's hidden activation (reference §2.6).
 """
 
 from __future__ import annotations
@@ -41,9 +35,7 @@ def real_positions(key_padding_mask: Tensor | None, batch: int, length: int, dev
 def sinusoidal_encoding(positions: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
     """Vaswani et al. (2017) encoding of ``positions [B, L]``: ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
     ``PE[p, 2i+1] = cos(p / 10000^(2i/d))``, shape ``[B, L, dim]``."""
-    inv_freq = torch.exp(
-        torch.arange(0, dim, 2, device=positions.device, dtype=dtype) * (-math.log(10000.0) / dim)
-    )
+    inv_freq = torch.exp(torch.arange(0, dim, 2, device=positions.device, dtype=dtype) * (-math.log(10000.0) / dim))
     angles = positions.to(dtype)[..., None] * inv_freq
     pe = positions.new_zeros(*positions.shape, dim, dtype=dtype)
     pe[..., 0::2] = torch.sin(angles)
@@ -60,17 +52,9 @@ class _PooledEncoder(nn.Module):
 
 
 class BiLSTMEncoder(_PooledEncoder):
-    """Bi-LSTM baseline (DiSAN paper, "Bi-LSTM": 600D, 300 units per direction) + source2token pooling.
-
-    Real tokens of each row are moved to the front (keeping their order), packed with
-    ``pack_padded_sequence`` and put back in place after the LSTM, so padding on either side (or
-    anywhere) never enters the recurrence. Padded outputs are zeroed; a fully padded row encodes to 0.
-
-    Args:
-        input_dim: embedding width. hidden_dim: units per direction (output ``2 * hidden_dim`` per token).
-        dropout: dropout on the LSTM input and on the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
-    """
+    """Bi-LSTM baseline (DiSAN paper, "Bi-LSTM": 600D, ``hidden_dim`` 300 units per direction). Real tokens of each
+    row are moved to the front (in order), packed and put back in place after the LSTM, so padding never enters
+    the recurrence; padded outputs are zeroed, a fully padded row encodes to 0."""
 
     def __init__(self, input_dim: int, hidden_dim: int = 300, dropout: float = 0.0, pool_activation: str = "elu"):
         super().__init__()
@@ -96,18 +80,9 @@ class BiLSTMEncoder(_PooledEncoder):
 
 
 class MultiCNNEncoder(_PooledEncoder):
-    """Multi-window CNN baseline (DiSAN paper, "Multi-window CNN" after Kim (2014): windows 3, 4, 5 with
-    200 filters each, 600D) + source2token pooling.
-
-    Each window is a 1-D convolution with "same" padding and relu; the outputs are concatenated per
-    token. Padded positions are zeroed before the convolutions, so they act exactly like the
-    convolution's own zero padding at the sentence borders.
-
-    Args:
-        input_dim: embedding width. kernel_sizes: window widths. channels: filters per window.
-        dropout: dropout on the convolutions' input and on the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
-    """
+    """Multi-window CNN baseline (DiSAN paper, "Multi-window CNN" after Kim (2014): windows 3, 4, 5 with 200
+    filters each, 600D): "same"-padded 1-D convolutions with relu, concatenated per token. Padded positions are
+    zeroed first, so they act like the convolution's own zero padding at the sentence borders."""
 
     def __init__(self, input_dim: int, kernel_sizes: Sequence[int] = (3, 4, 5), channels: int = 200,
                  dropout: float = 0.0, pool_activation: str = "elu"):
@@ -125,28 +100,18 @@ class MultiCNNEncoder(_PooledEncoder):
 
 
 class HierarchicalCNNEncoder(_PooledEncoder):
-    """Hierarchical CNN baseline (DiSAN paper, "Hrchy-CNN" after Gehring et al. (2017): 3 layers of
-    300D gated convolutions with residual connections) + source2token pooling.
-
-    The input is first mapped to ``hidden_dim`` by a linear layer when the widths differ. Each layer
-    computes ``x <- x + GLU(conv(x))`` with a "same"-padded convolution to ``2 * hidden_dim``
-    channels; padded positions are zeroed before every layer.
-
-    Args:
-        input_dim: embedding width. hidden_dim: width of every layer (and of the output).
-        num_layers: gated convolution layers. kernel_size: convolution width.
-        dropout: dropout on every convolution's input and on the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
-    """
+    """Hierarchical CNN baseline (DiSAN paper, "Hrchy-CNN" after Gehring et al. (2017): 3 layers of 300D gated
+    convolutions with residual connections). The input is mapped to ``hidden_dim`` by a linear layer when the
+    widths differ; each layer computes ``x <- x + GLU(conv(x))`` ("same" padding, ``2 * hidden_dim`` channels),
+    padded positions zeroed before every layer."""
 
     def __init__(self, input_dim: int, hidden_dim: int = 300, num_layers: int = 3, kernel_size: int = 3,
                  dropout: float = 0.0, pool_activation: str = "elu"):
         super().__init__()
         self.dropout = dropout
         self.input_proj = nn.Linear(input_dim, hidden_dim) if input_dim != hidden_dim else nn.Identity()
-        self.convs = nn.ModuleList(
-            nn.Conv1d(hidden_dim, 2 * hidden_dim, kernel_size, padding="same") for _ in range(num_layers)
-        )
+        self.convs = nn.ModuleList(nn.Conv1d(hidden_dim, 2 * hidden_dim, kernel_size, padding="same")
+                                   for _ in range(num_layers))
         self.output_dim = hidden_dim
         self.pool = MultiDimSource2Token(hidden_dim, pool_activation, dropout)
 
@@ -172,27 +137,10 @@ def authors_positional_encoding(positions: Tensor, dim: int, dtype: torch.dtype)
 
 class MultiHeadEncoder(_PooledEncoder):
     """The papers' multi-head attention baseline as the authors' code computes it (BiBloSA's
-    ``multi_head_attention``, reference §4.5) + multi-dimensional source2token pooling::
-
-        h          = x + PE(position)                       (the authors' encoding; pad rows 0)
-        Q, K, V    = dropout_m,n(h) W[m, n]                 m in q/k/v, n a head: one bias-free weight
-                                                            W [3, heads, d_in, units], its own dropout mask
-                                                            for every (m, n) copy of the input
-        A          = softmax(Q K^T / sqrt(units))           over keys; key AND query mask
-        out        = concat_n(dropout(A) V)                 [B, L, heads * units]; no output projection,
-                                                            residual or layer norm
-
-    ``W`` starts as TF's glorot-uniform for its shape (fans ``3 heads d_in`` and ``3 heads units``). The
-    authors number positions from the first token of right-padded rows; here positions count real tokens, which
-    is the same there and keeps left padding from shifting them. Their padded query rows attend uniformly and
-    are ignored by the pooling; here they are zeroed.
-
-    Args:
-        input_dim: embedding width. num_heads: heads (8 in the papers). head_dim: units per head (75).
-        dropout: the authors' one keep probability as ``1 - keep``: on the input copies, the attention
-            probabilities and the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer.
-    """
+    ``multi_head_attention``, reference §4.5: ``num_heads`` 8 of ``head_dim`` 75, one bias-free weight
+    ``W [3, heads, d_in, units]``, no output projection, residual or layer norm; ``dropout`` is ``1 - keep``
+    on the input copies, the attention probabilities and the pooling). Positions count real tokens and padded
+    query rows are zeroed (reference §4.5, last paragraph)."""
 
     def __init__(self, input_dim: int, num_heads: int = 8, head_dim: int = 75, dropout: float = 0.0,
                  pool_activation: str = "elu"):
@@ -224,21 +172,12 @@ class MultiHeadEncoder(_PooledEncoder):
 
 
 class ProjectedMultiHeadEncoder(_PooledEncoder):
-    """A multi-head attention baseline built from ``nn.MultiheadAttention`` (Vaswani et al.'s encoding, a
-    biased input projection to ``heads * head_dim``, biased in- and output projections) + source2token
-    pooling; the project's first baseline, kept to reproduce the results measured with it
-    (``multi_head_proj_encoder``); :class:`MultiHeadEncoder` is the authors'.
-
-    Positions count real tokens only, padded keys are masked, and padded outputs are zeroed. A fully
-    padded row attends over its (padded) keys to stay NaN-free and is then zeroed.
-
-    Args:
-        input_dim: embedding width. num_heads: attention heads.
-        head_dim: units per head; None uses ``input_dim / num_heads``. Otherwise the encoded input is
-            mapped to ``num_heads * head_dim`` by a linear layer first (the paper uses 8 x 75 units).
-        dropout: dropout on the attention input, the attention weights and the pooling layers' inputs.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
-    """
+    """A multi-head attention baseline built from ``nn.MultiheadAttention`` (Vaswani et al.'s encoding, biased
+    in- and output projections), the project's first, kept to reproduce the results measured with it
+    (``multi_head_proj_encoder``); :class:`MultiHeadEncoder` is the authors'. With ``head_dim`` (None:
+    ``input_dim / num_heads``) the encoded input is first mapped to ``num_heads * head_dim``. Positions count
+    real tokens, padded keys are masked and padded outputs zeroed (a fully padded row attends over its padded
+    keys to stay NaN-free)."""
 
     def __init__(self, input_dim: int, num_heads: int = 8, head_dim: int | None = None, dropout: float = 0.0,
                  pool_activation: str = "elu"):

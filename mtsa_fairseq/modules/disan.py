@@ -1,19 +1,8 @@
-"""DiSAN (Shen et al., AAAI 2018): directional self-attention blocks and multi-dimensional
-source2token pooling, as the authors' code computes them (docs/reference.md §2.6, §4 and §6).
-
-For a batch element, query ``j``, key ``i`` and feature ``l`` of one DiSA block::
-
-    h         = act(x W_h + b_h)                                   [B, L, d]
-    f[j,i,l]  = 5 * tanh(((h' W_2)_j + (h' W_1)_i + b)_l / 5)       h' = dropout(h)
-    P[j,i,l]  = softmax_i(f[j,i,l] - 1e30 * (1 - M[j,i])) * M[j,i]  M: forward i < j, backward i > j,
-                                                                    None i != j; key i real
-    s_j       = sum_i P[j,i,:] * h_i                               (undropped h)
-    u_j       = (F_j * h_j + (1 - F_j) * s_j) * real_j,  F = sigmoid(h W_f1 + b_f1 + s W_f2 + b_f2 + o)
-
-The authors materialise ``f`` as ``[B, L, L, d]``. :func:`directional_attention` computes ``s`` over
-query chunks of bounded size, skips the keys a directional mask excludes (half the pairs), and
-recomputes each chunk in a hand-written backward pass, so peak memory is that of one chunk;
-:func:`mtsa_fairseq.modules.mtsa_reference.disa_naive` is the literal version.
+"""DiSAN (Shen et al., AAAI 2018): directional self-attention blocks and multi-dimensional source2token pooling,
+as the authors' code computes them (docs/reference.md §2.6, §4.1 with the formulas, and §6), but without their
+``[B, L, L, d]`` score tensor: :func:`directional_attention` runs over query chunks, visits only the keys a
+directional mask can allow and recomputes each chunk in a hand-written backward pass, so peak memory is that of
+one chunk. :func:`mtsa_fairseq.modules.mtsa_reference.disa_naive` is the literal version.
 """
 
 from __future__ import annotations
@@ -124,15 +113,9 @@ def directional_attention(
 
 
 class DiSABlock(nn.Module):
-    """One directional self-attention block with its fusion gate (reference §4.1).
-
-    Args:
-        dim: input and output width ``d`` (the embedding size; 300 in the papers).
-        direction: ``"forward"`` (keys ``i < j``), ``"backward"`` (``i > j``) or None (``i != j``).
-        activation_name: ``act`` of the first dense layer (``elu`` on SNLI, ``relu`` on SST).
-        dropout: dropout probability ``1 - keep`` on the inputs of the dense layers.
-        chunk_size: queries per chunk (default: keep a chunk's scores under 2**24 elements).
-    """
+    """One directional self-attention block with its fusion gate (reference §4.1) on ``[B, L, dim]``:
+    ``direction`` ``"forward"`` (keys ``i < j``), ``"backward"`` (``i > j``) or None (``i != j``); ``dropout``
+    on the inputs of the dense layers; ``chunk_size`` queries per chunk (default: under 2**24 scores)."""
 
     def __init__(self, dim: int, direction: str | None = "forward", activation_name: str = "elu",
                  dropout: float = 0.0, chunk_size: int | None = None):
@@ -193,9 +176,7 @@ class DiSAN(nn.Module):
                  chunk_size: int | None = None):
         super().__init__()
         directions = ("forward", "backward") if directional else (None, None)
-        self.blocks = nn.ModuleList(
-            DiSABlock(dim, d, activation_name, dropout, chunk_size) for d in directions
-        )
+        self.blocks = nn.ModuleList(DiSABlock(dim, d, activation_name, dropout, chunk_size) for d in directions)
         self.pool = MultiDimSource2Token(2 * dim, activation_name, dropout)
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:

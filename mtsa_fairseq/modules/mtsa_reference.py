@@ -1,13 +1,11 @@
-"""Literal, slow MTSA implementations: the ground truth for tests and the baseline for benchmarks.
+"""Literal, slow implementations: the ground truth for tests and the baseline for benchmarks.
 
-* :func:`mtsa_literal` is the paper's tensorized form, equations (10)-(12): a ``[B, H, L, L, d_v]``
-  feature-wise softmax, with the authors' masks and guard (docs/reference.md §1.2, §2.2, §6). No dropout.
-* :func:`mtsa_naive` is the authors' TensorFlow algorithm (reference §1.2): ``E_R`` materialised as
-  ``[B, H, L, L]`` with a raw ``exp`` (it overflows in half precision, as theirs does), the guarded
-  denominator, and dropout ``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S`` in the numerator only.
-* :func:`disa_naive` is DiSAN's directional attention with the full ``[B, L, L, d]`` logits (reference §4.1).
-* :func:`multi_head_literal` is the papers' multi-head attention baseline, the authors' ``multi_head_attention``
-  line by line (reference §4.5). No dropout.
+* :func:`mtsa_literal`: the paper's tensorized form, equations (10)-(12), a ``[B, H, L, L, d_v]`` feature-wise
+  softmax with the authors' masks and guard (docs/reference.md §1.2, §2.2, §6); no dropout.
+* :func:`mtsa_naive`: the authors' TensorFlow algorithm (reference §1.2), ``E_R`` as ``[B, H, L, L]`` with a raw
+  ``exp`` (it overflows in half precision, as theirs does) and dropout ``keep = sqrt(1 - p)`` in the numerator.
+* :func:`disa_naive`: DiSAN's directional attention with the full ``[B, L, L, d]`` logits (reference §4.1).
+* :func:`multi_head_literal`: the authors' ``multi_head_attention`` baseline line by line (reference §4.5); no dropout.
 """
 
 from __future__ import annotations

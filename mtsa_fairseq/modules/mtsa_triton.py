@@ -1,38 +1,16 @@
 """A fused MTSA attention kernel in Triton (FlashAttention-2 style), forward and backward.
 
-Per batch element, head and query block, the key blocks are streamed once with two accumulators
-(reference §8.1-§8.3)::
+Per (batch element, head, query block) the key blocks are streamed once into two fp32 accumulators,
+``Z += P @ E_S`` and ``N += (P * D / keep) @ (v * E_S')``, and ``out = N / Z`` (0 where ``Z = 0``); the backward
+recomputes ``P`` block by block from the saved ``out``, ``Z`` and row maxima (no ``[B, H, L, L]`` tensor). What
+it computes, its masks, dropout, precision and tiles are described in docs/kernel.md (What the Triton kernel
+computes; reference §8.1-§8.3). Without a GPU the kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (the
+variable must be set before this module is imported).
 
-    s    = q k^T / sqrt(d_k)                          fp32, [BLOCK_M, BLOCK_N]
-    P    = exp(s - m_j)   token2token="exp", m_j the running row maximum (cancels in N / Z)
-         | sigmoid(s)     token2token="sigmoid" (bounded: no maximum)
-    P    = 0 where key i is padding or the head's positional rule forbids (j, i) (reference §6)
-    Z   += P @ E_S                                    never dropped
-    N   += (P * D / keep) @ NV,   NV = v * E_S'       D ~ Bernoulli(keep) from Philox(seed, (b, h, j, i))
-    out  = N / Z                                      0 where Z = 0 (rows without an allowed key)
-
-Key blocks that a directional or causal rule excludes for the whole query block are never visited; queries
-sit at key positions ``L - L_q ...`` (incremental decoding). The backward recomputes ``P`` block by block from
-the saved ``out``, ``Z`` and ``m`` (no ``[B, H, L, L]`` tensor), with ``dN = dO / Z`` and ``dZ = -dO out / Z``
-formed first by a small kernel in the inputs' dtype (``dO`` read with its own strides; two ``[B, H, L_q, d_v]``
-tensors, as FlashAttention-2 forms its row statistic first)::
-
-    dP   = (dN @ NV^T) * D / keep + dZ @ E_S^T
-    dS   = P * dP   (exp)   |   P (1 - P) dP   (sigmoid)
-    dq   = dS @ k / sqrt(d_k),   dk = dS^T @ q / sqrt(d_k),   dNV = (P D / keep)^T @ dN,   dE_S = P^T @ dZ
-
-in one kernel per key block (dk, dE_S, dNV), which also adds each block's share of dq atomically into an fp32
-buffer; under ``torch.use_deterministic_algorithms(True)`` a second kernel per query block computes dq instead
-(recomputing ``P`` and ``dP``, in a fixed order). Inputs are fp16, bf16 or fp32 (fp32 products in IEEE
-precision, not TF32); accumulation is fp32. On CUDA the tiles (block sizes, warps, pipeline stages) are
-autotuned once per length bucket, head widths, masks and dtypes. Without a GPU the
-kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (the variable must be set before this module is
-imported).
-
-The module keeps three tiers, as flash-attention does: the ``@triton.jit`` kernels and the helpers they share
-(the backward kernels' per-block step ``P``, ``P D / keep``, ``dS`` is one helper, ``_block_grads``); the
-launchers ``_launch_forward`` and ``_launch_backward`` (buffers, grids, tiles and their autotuning, strides,
-flags); and ``_MTSAFunction``, which only calls the launchers and saves what the backward reads.
+Three tiers, as in flash-attention: the ``@triton.jit`` kernels and the helpers they share (the backward
+kernels' per-block step is ``_block_grads``); the launchers ``_launch_forward`` and ``_launch_backward``
+(buffers, grids, tiles and their autotuning, strides, flags); and ``_MTSAFunction``, which only calls the
+launchers and saves what the backward reads.
 """
 
 from __future__ import annotations
@@ -468,7 +446,7 @@ def mtsa_triton(
     q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, key_padding_mask: Tensor | None,
     direction: str | None, include_self: bool, token2token: str, keep: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """``(out, Z)`` of the fused kernel (module docstring) for ``q [B, H, L_q, d_k]``, ``k [B, H, L, d_k]``,
+    """``(out, Z)`` of the fused kernel (docs/kernel.md) for ``q [B, H, L_q, d_k]``, ``k [B, H, L, d_k]``,
     ``e_s`` (``E_S``, undropped) and ``num_values`` (``v * E_S'``), both ``[B, H, L, d_v]``.
 
     ``direction``: None, ``"forward"``, ``"backward"`` or ``"bi"`` (first H/2 heads forward, the rest

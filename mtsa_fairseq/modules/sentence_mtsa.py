@@ -12,52 +12,20 @@ from .per_head import PerHeadLinear, activation, glorot_
 
 
 class SentenceMTSA(nn.Module):
-    """Multi-mask tensorized self-attention over ``x [B, L, d_in]``, per head ``c``::
-
-        v   = act_v(x W^v_c + b^v_c)                    (act_v = activation, or linear)
-        src = x if attn_input == "x" else v
-        q   = src W^q_c,  k = src W^k_c                 (no bias)
-        E_R = token2token(q.k / sqrt(d_head)) * mask    (strict fw/bw masks by default)
-        E_S = exp(act(src W^1_c + b^1_c) W^2_c + b^2_c) (one layer without the hidden one)
-        out = mtsa_core(...)                             (attention dropout keep sqrt(1 - p))
-        out = G * v + (1 - G) * out,  G = sigmoid([v; out] W^g_c + b^g_c)   (fusion gate)
-
-    then heads are concatenated, an optional output layer ``act(W^o y + b^o)`` applied, and padded
-    rows zeroed. Every dense layer's input gets its own dropout (``dense_dropout``), drawn
-    independently per head (the API's default path, reference §2.2); with ``shared_input_dropout`` the
-    projections of ``x`` draw as the API's accelerated path does (reference §2.3): one mask on the untiled
-    ``x`` shared by q, k, v and every head, and one more, shared by every head, for the source2token layer.
-    Defaults are the API's (reference §2.1).
-
-    Args:
-        input_dim: ``d_in``. hidden_dim: ``hn`` (split over heads). num_heads: ``head_num``.
-        attn_dropout: ``1 - attn_keep_prob``. dense_dropout: ``1 - dense_keep_prob``.
-        use_direction: forward masks on the first H/2 heads, backward on the rest; otherwise no
-            positional mask. attn_self: allow the diagonal.
-        use_fusion_gate, token2token (``"exp"``/``"sigmoid"``), attn_input (``"v"``/``"x"``),
-        s2t_hidden_layer (``add_layer_for_multi``), activation (``activation_func_name``),
-        activate_v (``apply_act_for_v``), output_dim (``output_hn``): as in the API.
-        shared_input_dropout: the accelerated path's dropout masks (needs ``attn_input="x"``).
+    """Multi-mask tensorized self-attention over ``x [B, L, d_in]`` -> ``[B, L, hn]`` (or ``output_dim``): the
+    API's default path (reference §2.2) with its defaults and options under the names of reference §2.1: per
+    head ``v``, ``q``, ``k`` and source2token logits, ``mtsa_core``, the fusion gate with ``v``, heads
+    concatenated, the optional output layer, padded rows zeroed. Every dense layer's input gets its own dropout
+    (``dense_dropout``), drawn independently per head; ``shared_input_dropout`` (needs ``attn_input="x"``) draws
+    the masks as the accelerated path does (reference §2.3): one on the untiled ``x`` shared by q, k, v and every
+    head, one more, shared by every head, for the source2token layer.
     """
 
-    def __init__(
-        self,
-        input_dim: int,
-        hidden_dim: int,
-        num_heads: int = 2,
-        attn_dropout: float = 0.0,
-        dense_dropout: float = 0.0,
-        use_direction: bool = True,
-        attn_self: bool = False,
-        use_fusion_gate: bool = True,
-        token2token: str = "exp",
-        attn_input: str = "v",
-        s2t_hidden_layer: bool = True,
-        activation_name: str = "relu",
-        activate_v: bool = True,
-        output_dim: int | None = None,
-        shared_input_dropout: bool = False,
-    ):
+    def __init__(self, input_dim: int, hidden_dim: int, num_heads: int = 2, attn_dropout: float = 0.0,
+                 dense_dropout: float = 0.0, use_direction: bool = True, attn_self: bool = False,
+                 use_fusion_gate: bool = True, token2token: str = "exp", attn_input: str = "v",
+                 s2t_hidden_layer: bool = True, activation_name: str = "relu", activate_v: bool = True,
+                 output_dim: int | None = None, shared_input_dropout: bool = False):
         super().__init__()
         if hidden_dim % num_heads:
             raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads})")

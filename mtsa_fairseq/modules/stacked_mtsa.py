@@ -13,18 +13,9 @@ LAYER_NORM_EPS = 1e-6  # reference §2.5
 
 
 class StackedMTSALayer(nn.Module):
-    """One layer of ``stacking_mtsa`` (reference §2.5), post-LN, FFN sub-block first::
-
-        y = relu(dense(dropout(x, dense_dropout)))
-        x = LN(x + dropout(y, dropout))
-        y = MTSA(x)    no fusion gate, q/k/v/s2t from x, one-layer s2t, linear v,
-                       output layer relu(dense(., hn))  (reference §2.1-§2.3)
-        x = LN(x + dropout(y, dropout))
-
-    The accelerated path that ``stacking_mtsa`` runs (reference §2.3) computes q, k and v with one
-    bias-free dense layer, so the value projection here has no bias either, and its dropout masks are that
-    path's: one on ``x`` shared by q, k, v and all heads, one shared by all heads for the source2token layer.
-    """
+    """One layer of ``stacking_mtsa`` (reference §2.5), post-LN, FFN sub-block first; the MTSA sub-block is the
+    accelerated path's configuration (reference §2.3): no fusion gate, q/k/v/s2t from ``x``, one-layer s2t,
+    bias-free linear ``v``, output layer ``relu(dense(., hn))`` and that path's shared dropout masks."""
 
     def __init__(self, hidden_dim: int, num_heads: int = 8, dropout: float = 0.2, attn_dropout: float = 0.2,
                  dense_dropout: float = 0.1, use_direction: bool = True, attn_self: bool = False,
@@ -54,23 +45,11 @@ class StackedMTSALayer(nn.Module):
 
 
 class StackedMTSA(nn.Module):
-    """``stacking_mtsa`` (reference §2.5): ``num_layers`` :class:`StackedMTSALayer` s over ``x [B, L, hn]``,
-    optionally followed by multi-dimensional source2token pooling (reference §2.6) like the baselines.
-
-    Defaults are those of reference §2.5. The padding mask is prepared once and shared by all layers.
-    Padded rows of the per-token output are zeroed (they never reach real tokens: every MTSA layer
-    masks padded keys).
-
-    Args:
-        input_dim: ``d_in``; must equal ``hidden_dim`` (the residual connections need it).
-        hidden_dim: ``hn``; None means ``input_dim``.
-        num_heads: ``head_num`` (even when ``use_direction``). num_layers: ``layer_num``.
-        dropout: ``1 - residual_keep``, on both sub-layers' outputs before the residual sum.
-        attn_dropout: ``1 - attn_keep``. dense_dropout: ``1 - dense_keep``, on every dense layer's input
-            (also used by the pooling layers).
-        use_direction, attn_self, activation_name, token2token: as in :class:`SentenceMTSA`.
-        pool: whether ``forward`` pools to ``[B, hn]`` (True) or returns ``[B, L, hn]``.
-        pool_activation: activation of the pooling's hidden layer (``elu``, reference §2.6).
+    """``stacking_mtsa`` (reference §2.5, with its defaults): ``num_layers`` :class:`StackedMTSALayer` s over
+    ``x [B, L, hn]`` (``input_dim`` must equal ``hidden_dim``, None meaning ``input_dim``), optionally followed
+    (``pool``) by multi-dimensional source2token pooling (reference §2.6, hidden activation ``pool_activation``)
+    like the baselines. ``dropout`` is ``1 - residual_keep``; ``dense_dropout`` also applies to the pooling.
+    Padded rows of the per-token output are zeroed.
     """
 
     def __init__(self, input_dim: int, hidden_dim: int | None = None, num_heads: int = 8, num_layers: int = 10,

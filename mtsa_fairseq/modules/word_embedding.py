@@ -1,11 +1,7 @@
-"""Word embeddings with the sentence-encoder code's rules (docs/reference.md §3.1).
-
-Over the dictionary of ``scripts/prepare_sentence_data.py`` (special symbols, then the ``num_train_words``
-training words, then words seen only in the other splits): special rows are constant zeros, training words a
-**trainable** matrix (pretrained vectors where the word has one, else the task's ``oov_init``), the other words
-**constant** pretrained vectors or zeros. Without a vectors file every training word is out of vocabulary (the
-random-init setting). The rules are described in docs/sentence-tasks.md (Embeddings).
-"""
+"""Word embeddings with the sentence-encoder code's rules (docs/reference.md §3.1; docs/sentence-tasks.md,
+Embeddings) over the dictionary of ``scripts/prepare_sentence_data.py``: special rows constant zeros, training
+words a trainable matrix (pretrained vectors, else the task's ``oov_init``), the other words constant pretrained
+vectors or zeros."""
 
 from __future__ import annotations
 
@@ -27,11 +23,8 @@ def _open_text(path: Path):
 
 
 def read_vectors(path: str | Path, words: set[str], dim: int) -> dict[str, Tensor]:
-    """Vectors of ``words`` from a GloVe or word2vec text file (word2vec's ``count dim`` header is skipped).
-
-    Lines of another width than ``dim`` raise ``ValueError`` naming the line; the first occurrence of a
-    word wins. Only the requested words are kept, so a 6B-token GloVe file needs little memory.
-    """
+    """Vectors of ``words`` (only those: a 6B-token GloVe file needs little memory; the first occurrence wins) from a
+    GloVe or word2vec text file (its ``count dim`` header skipped); a line not ``dim`` wide raises ``ValueError``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"embedding file not found: {path}")
@@ -55,18 +48,11 @@ def _spans(num_embeddings: int, first_word: int, num_train_words: int) -> Iterat
 
 
 class WordEmbedding(nn.Module):
-    """``[num_embeddings, dim]`` embedding whose rows ``[first_word, first_word + num_train_words)`` are
-    trainable and all others constant buffers (saved in checkpoints).
-
-    Args:
-        words: the dictionary's symbols in index order.
-        num_train_words: training-vocabulary size (rows after the specials).
-        first_word: index of the first training word (fairseq's ``Dictionary.nspecial``, 4).
-        dim: embedding width. vectors: optional pretrained ``word -> [dim]`` map (:func:`read_vectors`).
-        oov_init: ``"uniform"`` U(-a, a) or ``"normal"`` N(0, a^2) for training words without a vector.
-        oov_scale: ``a``; default :data:`OOV_INIT_SCALES` (0.05 uniform, 1 normal, as the authors).
-        padding_idx: the pad row (kept zero; listed for fairseq's utilities).
-    """
+    """``[len(words), dim]`` embedding whose rows ``[first_word, first_word + num_train_words)`` (``first_word``:
+    fairseq's ``Dictionary.nspecial``) are trainable and all others constant buffers (saved in checkpoints).
+    Training words without one of the ``vectors`` (:func:`read_vectors`) start as ``oov_init`` ``"uniform"``
+    U(-a, a) or ``"normal"`` N(0, a^2), ``a`` = ``oov_scale`` (default :data:`OOV_INIT_SCALES`); the
+    ``padding_idx`` row stays zero (named for fairseq's utilities)."""
 
     def __init__(self, words: list[str], num_train_words: int, first_word: int, dim: int,
                  vectors: dict[str, Tensor] | None = None, oov_init: str = "uniform", padding_idx: int = 1,

@@ -49,19 +49,13 @@ class SentenceExampleDataset(FairseqDataset):
             net_input[f"src_tokens{suffix}"] = data_utils.collate_tokens(tokens, self.pad, left_pad=False)
             net_input[f"src_lengths{suffix}"] = torch.tensor([t.numel() for t in tokens])
             ntokens += sum(t.numel() for t in tokens)
-        return {
-            "id": torch.tensor([s["id"] for s in samples]),
-            "nsentences": len(samples),
-            "ntokens": ntokens,
-            "net_input": net_input,
-            "target": torch.stack([s["label"] for s in samples]),
-        }
+        return {"id": torch.tensor([s["id"] for s in samples]), "nsentences": len(samples), "ntokens": ntokens,
+                "net_input": net_input, "target": torch.stack([s["label"] for s in samples])}
 
     def num_tokens(self, index: int) -> int:
         return int(self.sizes[index])
 
-    def size(self, index: int) -> int:
-        return int(self.sizes[index])
+    size = num_tokens  # an example's length: its longer side
 
     def ordered_indices(self) -> np.ndarray:
         """Shuffled (with fairseq's per-epoch seed) when training, then stably sorted by length."""

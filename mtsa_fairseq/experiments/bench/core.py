@@ -1,22 +1,16 @@
-"""Peak memory and time of one forward+backward pass of self-attention, side by side:
+"""Peak memory and time of one forward+backward pass of self-attention, side by side (docs/benchmark-core.md):
 
-* ``mtsa``: :class:`MTSAMultiheadAttention` (projections + source2token + ``mtsa_core`` with ``kernel="auto"``,
-  which for this module's exp token2token is two SDPA calls on every device);
-* ``mtsa-sdpa``, ``mtsa-sdpa-joint`` and ``mtsa-triton``: the same module with the kernel fixed (two SDPA calls,
-  one over the joined values, the fused kernel; ``mtsa-triton`` needs CUDA);
-* ``naive``: the same module's projections with the authors' ``[B, H, L, L]`` algorithm (``mtsa_naive``);
-* ``mha``: fairseq's ``MultiheadAttention``;
-* ``mha-flash``: the MTSA module's q/k/v/out projections around one fused ``scaled_dot_product_attention``
-  call, i.e. multi-head attention on the flash kernel: the cost the Triton kernel aims at.
+* ``mtsa``: :class:`MTSAMultiheadAttention` with ``kernel="auto"`` (two SDPA calls for its exp token2token);
+* ``mtsa-sdpa``, ``mtsa-sdpa-joint`` and ``mtsa-triton``: the same module with the kernel fixed (``mtsa-triton``
+  needs CUDA);
+* ``naive``: the same projections with the authors' ``[B, H, L, L]`` algorithm (``mtsa_naive``);
+* ``mha``: fairseq's ``MultiheadAttention``; ``mha-flash``: the MTSA module's projections around one fused
+  ``scaled_dot_product_attention`` call, the cost the Triton kernel aims at.
 
-With ``--core`` the projections are left out: the ``mtsa-*`` kernels and ``mha-flash`` then time
-``mtsa_core`` (source2token logits given, sigmoid) and ``scaled_dot_product_attention`` alone on per-head
-``[B, H, L, d]`` tensors without padding, so that multi-head attention runs on PyTorch's flash kernel.
-
-Each (method, length) runs in a fresh subprocess. Peak memory: on CPU the growth of the resident set's
-high-water mark during one forward+backward pass (reset through ``/proc/self/clear_refs`` once weights,
-inputs and libraries are in place), on CUDA the growth of ``max_memory_allocated``. Time: the median of
-``--repeats`` passes after that one, which serves as their warm-up. Writes a Markdown table.
+With ``--core`` the ``mtsa-*`` kernels and ``mha-flash`` time ``mtsa_core`` and ``scaled_dot_product_attention``
+alone on per-head ``[B, H, L, d]`` tensors without padding. Each (method, length) runs in a fresh subprocess;
+peak memory and time are measured as :mod:`~mtsa_fairseq.experiments.bench.measure` says (time: the median of
+``--repeats`` passes after a warm-up one). Writes a Markdown table.
 """
 
 from __future__ import annotations

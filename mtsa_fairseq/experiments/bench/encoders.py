@@ -1,16 +1,11 @@
 """Time and peak memory of one forward+backward pass of each sentence encoder vs sequence length, as in
-the MTSA paper's Figure 1 / DiSAN's Table 1: batch 64, 300 channels, training mode, pooled output.
-
-The encoders are the ``sentence_encoder`` architectures exactly as ``fairseq-train --arch`` builds them
-(without the embedding and classifier): MTSA, Fast-DiSA, stacked MTSA, DiSAN (chunked DiSA), DiSAN without
-directions, Bi-LSTM (600D), Multi-CNN (3/4/5-gram x 200), Hrchy-CNN (3 gated residual layers) and
-multi-head attention (8 x 75, positional encoding), each pooled by multi-dimensional source2token
-attention. Per length, peak memory is measured first, one pass in a fresh process per encoder whose
-address space may grow by at most ``--memory-limit-gb``; an encoder that runs out of memory is marked OOM
-and not run at longer lengths, nor is one whose pass took longer than ``--max-seconds``. Time: median of
-``--repeats`` passes, the encoders taking turns pass by pass, after one warm-up round at the first length.
-The JSON is rewritten after every length; ``--from-json`` merges the JSON of several runs (e.g. the longest
-lengths measured separately) into one table and plot without measuring.
+the MTSA paper's Figure 1 / DiSAN's Table 1 (docs/benchmark-encoders.md): batch 64, 300 channels, training mode,
+each ``sentence_encoder`` architecture as ``fairseq-train --arch`` builds it (without embedding and classifier),
+pooled. Per length, peak memory is measured first, one pass in a fresh process per encoder whose address space may
+grow by at most ``--memory-limit-gb``; an encoder that runs out of memory (OOM) or took longer than
+``--max-seconds`` is not run at longer lengths. Time: median of ``--repeats`` passes, the encoders taking turns,
+after a warm-up round. The JSON is rewritten after every length; ``--from-json`` merges the JSON of several runs
+into one table and plot without measuring.
 """
 
 from __future__ import annotations

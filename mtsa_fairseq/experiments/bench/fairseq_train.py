@@ -1,16 +1,12 @@
 """Training throughput and peak memory of ``fairseq-train`` itself, MTSA against the Transformer, side by side.
 
-Writes a synthetic data-bin shaped like WMT14 En-De (a joined dictionary of ``--vocab`` symbols; sentence
-lengths as bench_transformer draws them: a normal of mean 27 and sd 12 pieces clipped to [4, 100], the target
-0.8-1.25 times its source), then trains every ``--archs`` system on it with fairseq-train for ``--updates``
-updates at each ``--max-tokens``, each run in a fresh process, the systems alternating (ABBA, ABCCBA) over
-``--repeats``. A system is an architecture, optionally with fairseq-train options of its own (e.g. two kernels of
-one architecture: ``--archs transformer_wmt_en_de transformer_mtsa_wmt_en_de "transformer_mtsa_wmt_en_de
---mtsa-kernel sdpa-joint"``). Throughput is the median of fairseq's own ``wps`` (target tokens per second) over the log
-intervals after ``--skip-updates``; peak memory is torch's peak allocation on the GPU over the whole run.
-``--profile START END`` also profiles updates START to END of every run, inside the skipped ones, and writes
-where the time went beside the run's log: host time inside and outside fairseq's train_step, GPU kernel time,
-kernel launches and host synchronisations per update (torch.profiler), and the host's Python hot spots (cProfile).
+Writes a synthetic data-bin shaped like WMT14 En-De (a joined dictionary of ``--vocab`` symbols, sentence lengths
+drawn as bench_transformer draws them), then trains every ``--archs`` system (an architecture, optionally with
+fairseq-train options of its own: ``"transformer_mtsa_wmt_en_de --mtsa-kernel sdpa-joint"``) for ``--updates``
+updates at each ``--max-tokens``, each run in a fresh process, the systems alternating (ABBA) over ``--repeats``.
+Throughput: the median of fairseq's ``wps`` over the log intervals after ``--skip-updates``; peak memory: torch's
+peak GPU allocation over the run. ``--profile START END`` also writes, beside each run's log, where the time of
+updates START to END went (host, GPU kernels, launches and synchronisations, Python hot spots; docs/kernel.md).
 
   mtsa-bench-fairseq-train --device cuda --precision fp16 --max-tokens 4096 8192 --markdown bench.md
 

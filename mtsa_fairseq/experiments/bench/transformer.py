@@ -1,18 +1,15 @@
-"""``transformer_mtsa_wmt_en_de`` vs ``transformer_wmt_en_de``, measured side by side in one run.
+"""``transformer_mtsa_wmt_en_de`` vs ``transformer_wmt_en_de``, measured side by side in one run
+(docs/benchmark-transformer.md):
 
-1. Encoder: one forward+backward pass of the 6-layer encoder (training mode, dropout on) on a batch of
-   ``--batch`` sentences of length L with no padding. Time: median of ``--repeats`` passes after one
-   warm-up, the two models alternating pass by pass so that both see the same machine load. Peak
-   memory: each (model, L) runs in a fresh subprocess; on CPU it is the growth of the resident set's
-   high-water mark during one pass (reset through ``/proc/self/clear_refs`` once weights, inputs and
-   libraries are in place), on CUDA the growth of ``max_memory_allocated``.
-2. Training throughput: full models (encoder and decoder), label-smoothed cross-entropy and an Adam
-   step (float32 weights; autocast and loss scaling for float16/bfloat16, as fairseq's ``--amp``) on the same
-   synthetic batches (``--train-max-tokens`` per batch, sentence lengths drawn once
-   from a fixed distribution), alternating models step by step; target tokens per second.
+1. Encoder: one forward+backward pass of the 6-layer encoder (training mode) on ``--batch`` sentences of length L
+   without padding; time: median of ``--repeats`` passes after a warm-up, the models alternating pass by pass;
+   peak memory: one fresh subprocess per (model, L), measured as :mod:`~mtsa_fairseq.experiments.bench.measure`
+   says.
+2. Training throughput: full models, label-smoothed cross-entropy and an Adam step (autocast and loss scaling for
+   float16/bfloat16, as fairseq's ``--amp``) on the same synthetic batches of ``--train-max-tokens``, alternating
+   step by step; target tokens per second.
 
-Writes a Markdown table (``--markdown``), the raw numbers (``--json``) and a plot (``--plot``), after every length
-and again with the training row, so that a stopped run keeps the lengths it measured.
+Writes ``--markdown``, ``--json`` and ``--plot`` after every length and again with the training row.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ checkpoint (most updates).
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 from mtsa_fairseq.experiments.checkpoint_average import (
@@ -45,25 +44,22 @@ def _main() -> None:
             parser.error(f"--inputs: {missing[0]} is not a file (for a directory give --num-update-checkpoints N)")
     if args.averaged.exists() and not args.overwrite:
         parser.error(f"--averaged {args.averaged} exists (pass --overwrite to replace it)")
-    try:
-        if args.num_update_checkpoints is not None:
-            paths = last_checkpoints(args.inputs[0], count, kind="update")
-        elif args.num_epoch_checkpoints is not None:
-            paths = last_checkpoints(args.inputs[0], count, kind="epoch")
-        else:
-            paths = args.inputs
-        if any(p.resolve() == args.averaged.resolve() for p in paths):
-            parser.error(f"--averaged {args.averaged} is one of the inputs")
-        state = average_checkpoints(paths)
-    except AverageError as err:
-        sys.exit(f"error: {err}")
+    if args.num_update_checkpoints is not None:
+        paths = last_checkpoints(args.inputs[0], count, kind="update")
+    elif args.num_epoch_checkpoints is not None:
+        paths = last_checkpoints(args.inputs[0], count, kind="epoch")
+    else:
+        paths = args.inputs
+    if any(p.resolve() == args.averaged.resolve() for p in paths):
+        parser.error(f"--averaged {args.averaged} is one of the inputs")
+    state = average_checkpoints(paths)
     save_checkpoint(state, args.averaged)
     print(f"averaged {len(paths)} checkpoint(s): {', '.join(str(p) for p in paths)} -> {args.averaged}")
 
 
 def main() -> None:
     """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
-    run_command(_main)
+    run_command(_main, errors=(AverageError,))
 
 
 if __name__ == "__main__":

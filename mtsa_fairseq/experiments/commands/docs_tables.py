@@ -115,10 +115,7 @@ def _main() -> None:
     for document in args.documents:
         if not document.is_file():
             parser.error(f"{document} is not a file")
-        try:
-            text, changed = render(document)
-        except TableError as err:
-            sys.exit(f"error: {err}")
+        text, changed = render(document)
         stale += changed
         if changed and not args.check:
             write_atomic(document, text)
@@ -130,7 +127,7 @@ def _main() -> None:
 
 def main() -> None:
     """The command: one line, never a traceback, for bad markers, a full disk, Ctrl-C or SIGTERM."""
-    run_command(_main)
+    run_command(_main, errors=(TableError,))
 
 
 if __name__ == "__main__":

@@ -7,16 +7,13 @@ t-test, paired tests; sacreBLEU or tokenized compound-split BLEU), OUT/runs.md, 
 
   python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-probe --seeds 1 \\
       --max-update 20000 --train-only
-  python scripts/multi30k_study.py --out multi30k-probe --seeds 1 --curves-only
   python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-study --seeds 1 2 3 4 5 6 \\
       --budget-from multi30k-probe
 
 The probe (--train-only) writes OUT/curves.json and .png with the plateau rule's verdict per run; --curves-only
 shows a running probe's curves so far; --budget-from trains the study to the budget the probe fixes. Rerunning a
-command skips finished runs and scores, continues an interrupted run from its checkpoint_last.pt and rewrites the
-reports. A finished seed is final: a run whose run.json says it finished and whose four result files (with their
-hypotheses) exist needs neither its checkpoints nor its training again; those files and its train.log, copied into
-OUT's layout, are all the study needs of it.
+command skips finished runs and scores and continues an interrupted run from its checkpoint_last.pt; a seed whose
+run.json says it finished and whose four result files exist needs neither its checkpoints nor training again.
 """
 
 from __future__ import annotations

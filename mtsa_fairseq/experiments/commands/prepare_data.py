@@ -72,15 +72,12 @@ def _main(argv: list[str] | None = None) -> None:
         max_ratio=args.max_length_ratio, normalization=args.normalization, workers=args.workers, seed=args.seed,
         overwrite=args.overwrite,
     )
-    try:
-        prepare(cfg, log=lambda line: print(line, flush=True))
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    prepare(cfg, log=lambda line: print(line, flush=True))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
-    run_command(lambda: _main(argv))
+    """The command: one line, never a traceback, for bad input, a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(lambda: _main(argv), errors=(DataError,))
 
 
 if __name__ == "__main__":

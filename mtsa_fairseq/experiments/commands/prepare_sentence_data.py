@@ -72,15 +72,12 @@ def _main(argv: list[str] | None = None) -> None:
         trec_valid=args.trec_valid, valid_fraction=args.valid_fraction, clip_percentile=args.clip_percentile,
         fold_seed=args.fold_seed, split_seed=args.split_seed, overwrite=args.overwrite,
     )
-    try:
-        prepare(cfg, log=lambda line: print(line, flush=True))
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    prepare(cfg, log=lambda line: print(line, flush=True))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
-    run_command(lambda: _main(argv))
+    """The command: one line, never a traceback, for bad input, a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(lambda: _main(argv), errors=(DataError,))
 
 
 if __name__ == "__main__":

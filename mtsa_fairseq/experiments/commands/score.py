@@ -5,8 +5,6 @@ it (<RESULT stem>.hyp.txt): sacreBLEU, tokenised compound-split BLEU and t2t-ble
 Option errors exit with status 2, errors in the inputs (run record, checkpoint, data, references) with 1.
 """
 
-from __future__ import annotations
-
 import argparse
 import logging
 import sys
@@ -74,7 +72,7 @@ def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 def main() -> None:
     """The command (environment errors: one line, status 1; Ctrl-C 130, SIGTERM 143, fairseq-generate with it)."""
-    run_command(_main)
+    run_command(_main, errors=(scoring.ScoringError,))
 
 
 def _main() -> None:
@@ -89,13 +87,10 @@ def _main() -> None:
         parser.error("--max-len-a must not be negative")
     if args.max_tokens is None and args.batch_size is None:
         args.max_tokens = 4096
-    try:
-        checkpoint, run = scoring.resolve_checkpoint(args.run_dir, args.checkpoint, args.allow_diverged)
-        inputs = resolve_data(args, parser)
-        scoring.check_dictionaries(run, checkpoint, inputs.data_bin)
-        references = scoring.read_test_set(inputs)
-    except scoring.ScoringError as exc:
-        sys.exit(f"error: {exc}")
+    checkpoint, run = scoring.resolve_checkpoint(args.run_dir, args.checkpoint, args.allow_diverged)
+    inputs = resolve_data(args, parser)
+    scoring.check_dictionaries(run, checkpoint, inputs.data_bin)
+    references = scoring.read_test_set(inputs)
     try:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock(args.result.with_name(f".{args.result.name}.lock"), f"result {args.result}", "scorer")

@@ -88,10 +88,7 @@ def load_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"{args.data} holds {manifest['dataset']!r} but {args.config} is for {config.dataset!r}")
     if unknown := unknown_archs(args.archs):
         parser.error(f"not sentence-encoder architectures: {unknown}")
-    try:
-        check_options(config, args.archs, args.data.resolve(), extra)
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
+    check_options(config, args.archs, args.data.resolve(), extra)
     return config, manifest, extra
 
 
@@ -113,26 +110,20 @@ def _main() -> None:
     if args.lr_from is not None and sets_lr(args.extra_args):
         parser.error("--extra-args must not set --lr with --lr-from")
     out, data = args.out.resolve(), args.data.resolve()
-    try:
-        rates, lr_from, searched = searched_rates(args.lr_from, args.archs)
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
+    rates, lr_from, searched = searched_rates(args.lr_from, args.archs)
 
     def one(run):
         lr = ["--lr", repr(rates[run.arch])] if rates else []
         return run_one(config, run, data, out, args.max_update, [*extra, *lr], args.threads, args.cpu,
                        split=args.split, trained_in=searched.get(run.arch))
 
-    try:
-        results = train_all(args.jobs, one, plan_runs(args.archs, args.seeds, folds))
-    except ExperimentError as exc:
-        sys.exit(f"error: {exc}")
+    results = train_all(args.jobs, one, plan_runs(args.archs, args.seeds, folds))
     print(write_report(config, results, args.reference or args.archs[0], args.split, lr_from, out))
 
 
 def main() -> None:
     """The command: SIGTERM and Ctrl-C stop it after its children, with one line (exit 143 / 130)."""
-    run_command(_main)
+    run_command(_main, errors=(ExperimentError,))
 
 
 if __name__ == "__main__":

@@ -49,11 +49,8 @@ def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> Non
     if not out.is_dir():
         sys.exit(f"error: {out} does not exist (start the search first)")
     with RunLock(out / ".search-interim.lock", f"output {out / 'search-interim.json'}", "report").acquire():
-        try:
-            rows = [read_one(config, run, lr, out, args.max_update) for run, lr in
-                    search_runs(args.archs, args.lrs, args.seed)]
-        except ExperimentError as exc:
-            sys.exit(f"error: {exc}")
+        rows = [read_one(config, run, lr, out, args.max_update) for run, lr in
+                search_runs(args.archs, args.lrs, args.seed)]
         report = search_report(config, [r for r in rows if r is not None], args.archs, args.lrs, args.seed)
         print(publish(out / "search-interim", report, search_markdown(report)))
 
@@ -79,17 +76,14 @@ def _main() -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out / ".search.lock", f"search {out}", "search").acquire():  # one search (and writer) per OUT
-        try:
-            rows = train_all(args.jobs, one, search_runs(args.archs, args.lrs, args.seed))
-        except ExperimentError as exc:
-            sys.exit(f"error: {exc}")
+        rows = train_all(args.jobs, one, search_runs(args.archs, args.lrs, args.seed))
         report = search_report(config, rows, args.archs, args.lrs, args.seed)
         print(publish(out / "search", report, search_markdown(report)))
 
 
 def main() -> None:
     """The command: SIGTERM and Ctrl-C stop it after its children, with one line (exit 143 / 130)."""
-    run_command(_main)
+    run_command(_main, errors=(ExperimentError,))
 
 
 if __name__ == "__main__":

@@ -71,14 +71,11 @@ def _main() -> None:
             parser.error(f"directory of {path} does not exist")
         if path.exists() and not args.overwrite:
             parser.error(f"{path} exists (pass --overwrite to replace it)")
-    try:
-        comparison = significance.compare(
-            args.baseline, args.system, metric=args.metric, test=args.test, bootstrap=args.bootstrap,
-            equivalence_margin=args.equivalence_margin, bootstrap_samples=args.bootstrap_samples,
-            ar_samples=args.ar_samples, seed=args.seed, allow_diverged=args.allow_diverged,
-        )
-    except significance.SignificanceError as exc:
-        raise SystemExit(f"error: {exc}") from exc
+    comparison = significance.compare(
+        args.baseline, args.system, metric=args.metric, test=args.test, bootstrap=args.bootstrap,
+        equivalence_margin=args.equivalence_margin, bootstrap_samples=args.bootstrap_samples,
+        ar_samples=args.ar_samples, seed=args.seed, allow_diverged=args.allow_diverged,
+    )
     names = tuple(args.names) if args.names else significance.default_names(comparison)
     report = significance.render_markdown(comparison, names)
     summary = json.dumps(significance.comparison_to_json(comparison, names), indent=2) + "\n"
@@ -98,7 +95,7 @@ def _main() -> None:
 def main() -> None:
     """The command: usage errors exit 2, bad results and environment errors 1 (one line), Ctrl-C 130,
     SIGTERM 143."""
-    run_command(_main)
+    run_command(_main, errors=(significance.SignificanceError,))
 
 
 if __name__ == "__main__":

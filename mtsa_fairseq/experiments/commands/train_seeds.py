@@ -76,28 +76,25 @@ def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     try:
-        try:
-            extra = tuple(shlex.split(args.extra_args))
-        except ValueError as err:
-            parser.error(f"--extra-args: {err}")
-        options = LaunchOptions(
-            launcher=args.launcher, cpu=args.cpu, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
-            node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
-            threads=args.threads, average_last=args.average_last, extra_args=extra,
-            slurm_partition=args.slurm_partition, slurm_time=args.slurm_time, slurm_requeues=args.slurm_requeues,
-            slurm_args=tuple(args.slurm_args),
-        )
-        the_plan = plan(args.config, args.data, args.seeds, args.save_root, options, dry_run=args.dry_run)
-        failed = execute(the_plan, dry_run=args.dry_run)
-    except LaunchError as err:
-        sys.exit(f"error: {err}")
+        extra = tuple(shlex.split(args.extra_args))
+    except ValueError as err:
+        parser.error(f"--extra-args: {err}")
+    options = LaunchOptions(
+        launcher=args.launcher, cpu=args.cpu, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+        threads=args.threads, average_last=args.average_last, extra_args=extra,
+        slurm_partition=args.slurm_partition, slurm_time=args.slurm_time, slurm_requeues=args.slurm_requeues,
+        slurm_args=tuple(args.slurm_args),
+    )
+    the_plan = plan(args.config, args.data, args.seeds, args.save_root, options, dry_run=args.dry_run)
+    failed = execute(the_plan, dry_run=args.dry_run)
     if failed:
         sys.exit(f"error: {failed} run(s) did not finish (see their run.json and train.log)")
 
 
 def main() -> None:
     """The command: SIGTERM and Ctrl-C stop it after its children, with one line (exit 143 / 130)."""
-    run_command(_main)
+    run_command(_main, errors=(LaunchError,))
 
 
 if __name__ == "__main__":

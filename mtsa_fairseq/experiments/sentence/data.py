@@ -1,16 +1,13 @@
-"""Prepare sentence-encoder data sets (SST, TREC, CR, MPQA, SUBJ, SICK, SNLI, MultiNLI) for fairseq.
-
-Used by ``scripts/prepare_sentence_data.py``. Reads the standard release files of a data set, tokenises them,
-builds one word dictionary and writes the prepared directory (``manifest.json``, see :func:`build_manifest`).
-Its layout, the tokenisation, splits, reading rules and dropped examples are described in docs/sentence-tasks.md
-("The prepared directory").
+"""Prepare sentence-encoder data sets (SST, TREC, CR, MPQA, SUBJ, SICK, SNLI, MultiNLI) for fairseq
+(``scripts/prepare_sentence_data.py``): read a data set's standard release files, tokenise them, build one word
+dictionary and write the prepared directory, whose layout, tokenisation, splits, reading rules and dropped
+examples docs/sentence-tasks.md describes (The prepared directory).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
 from collections import Counter
@@ -23,7 +20,7 @@ import numpy as np
 
 from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA, checksums
 from mtsa_fairseq.experiments.errors import DataError
-from mtsa_fairseq.experiments.files import current_umask, move_into_place, staging_dir
+from mtsa_fairseq.experiments.files import publish_dir, staging_dir
 
 if TYPE_CHECKING:  # imported where used: the command's --help and usage errors load neither
     import torch
@@ -102,10 +99,8 @@ class SentenceDataConfig:
 
 @dataclass(frozen=True, slots=True)
 class Example:
-    """One example: a token tuple per side, its label line, and the file and line it comes from.
-
-    ``repeat``: written 4 times when oversampling (SST: a full sentence or a phrase that is not neutral).
-    """
+    """One example: a token tuple per side, its label line, and the file and line it comes from; ``repeat``:
+    written 4 times when oversampling (SST: a full sentence or a phrase that is not neutral)."""
 
     sides: tuple[tuple[str, ...], ...]
     label: str
@@ -163,11 +158,8 @@ def resolve(cfg: SentenceDataConfig) -> SentenceDataConfig:
 
 
 def input_files(cfg: SentenceDataConfig) -> dict[str, list[Path]]:
-    """The input files of each split read from disk (``train`` holds both class files for CR, MPQA, SUBJ).
-
-    A ``--train/--valid/--test`` file replaces the standard file of that split in ``--input``. Every file must
-    exist; anything else raises DataError.
-    """
+    """The input files of each split (``train`` holds the class files for CR, MPQA, SUBJ): the standard files in
+    ``--input``, each replaced by a ``--train/--valid/--test`` file; a missing file raises DataError."""
     overrides = {split: getattr(cfg, split) for split in SPLITS if getattr(cfg, split) is not None}
     if cfg.input is not None and not cfg.input.is_dir():
         raise DataError(f"--input {cfg.input} is not a directory")
@@ -202,11 +194,8 @@ def input_files(cfg: SentenceDataConfig) -> dict[str, list[Path]]:
 
 
 def numbered_lines(path: Path, latin1: bool = False) -> Iterator[tuple[int, str]]:
-    """``(line number from 1, text)`` for each line of ``path``, its ``\\n`` or ``\\r\\n`` removed.
-
-    UTF-8, with a line that is not valid UTF-8 decoded as Latin-1; every line Latin-1 with ``latin1``. A byte-order
-    mark at the start of the file is removed.
-    """
+    """``(line number from 1, text)`` for each line of ``path`` read as docs/sentence-tasks.md says (every line
+    Latin-1 with ``latin1``), its line end and a leading byte-order mark removed."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
@@ -235,11 +224,8 @@ def _tokens(words: Sequence[str]) -> tuple[str, ...]:
 
 
 def parse_tree(text: str) -> tuple[list[str], list[tuple[int, int, int]]]:
-    """Parse one PTB tree ``(label child ...)`` / ``(label word)`` with integer labels.
-
-    Returns the leaves and the nodes in preorder (the root first) as ``(label, start, end)``: the node covers
-    ``leaves[start:end]``. Raises ValueError on anything that is not exactly one tree.
-    """
+    """The leaves and the nodes in preorder (root first) as ``(label, start, end)``, covering ``leaves[start:end]``,
+    of one PTB tree ``(label child ...)`` / ``(label word)`` with integer labels; ValueError if it is not one tree."""
     items = _TREE_TOKEN.findall(text)
     words: list[str] = []
     nodes: list[list[int]] = []
@@ -457,10 +443,8 @@ def assign_folds(n: int, seed: int, num_folds: int = NUM_FOLDS) -> list[int]:
 
 
 def load_dataset(cfg: SentenceDataConfig) -> dict[str, Split]:
-    """Read, tokenise and filter the data set of ``cfg`` into its splits (train, valid, test; CR, MPQA, SUBJ: train).
-
-    Training examples are not oversampled here (see :func:`write_order`). Bad input raises DataError.
-    """
+    """Read, tokenise and filter the data set of ``cfg`` into its splits (train, valid, test; CR, MPQA, SUBJ: train),
+    not yet oversampled (:func:`write_order`); bad input raises DataError."""
     cfg = resolve(cfg)
     files = input_files(cfg)
     splits: dict[str, Split] = {}
@@ -512,12 +496,6 @@ def build_vocabulary(splits: dict[str, Split]) -> tuple[list[tuple[str, int]], i
     return ordered(train) + ordered(rest), len(train)
 
 
-def write_dictionary(path: Path, vocabulary: list[tuple[str, int]]) -> None:
-    """Write fairseq dictionary text, ``<word> <count>`` per line, in the order given."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(f"{word} {count}\n" for word, count in vocabulary)
-
-
 def write_order(examples: list[Example], oversample: bool) -> list[int]:
     """Indices of ``examples`` in writing order: all once, then, when oversampling, the ``repeat`` ones 3 times."""
     order = list(range(len(examples)))
@@ -527,8 +505,7 @@ def write_order(examples: list[Example], oversample: bool) -> list[int]:
 
 
 def binarize(prefix: Path, sequences: list[tuple[str, ...]], order: list[int], dictionary: Dictionary) -> None:
-    """Write ``prefix.bin/.idx`` (mmap): ``sequences[i]`` encoded without end-of-sentence, for each ``i`` of
-    order."""
+    """Write ``prefix.bin/.idx`` (mmap): ``sequences[i]`` without end-of-sentence for each ``i`` of ``order``."""
     from fairseq.data.indexed_dataset import make_builder
 
     builder = make_builder(f"{prefix}.bin", impl="mmap", vocab_size=len(dictionary))
@@ -550,13 +527,8 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 def build_manifest(cfg: SentenceDataConfig, splits: dict[str, Split], written: dict[str, int],
                    num_train_words: int, files: dict[str, dict]) -> dict:
-    """The ``manifest.json`` of a prepared directory (schema ``mtsa-fairseq.sentence-data.v1``).
-
-    ``splits``: examples written per split (oversampled ones included); ``dropped``: per split, the dropped
-    examples by reason (only reasons that occurred); ``options``: the resolved options (``None`` where an option
-    does not apply), paths absolute; ``checksums``: ``files``, the :func:`~mtsa_fairseq.contracts.checksums` of
-    every file written, which training and evaluation check the data against.
-    """
+    """The ``manifest.json`` of a prepared directory (docs/sentence-tasks.md, The prepared directory); ``options``
+    holds the resolved options (``None`` where one does not apply, paths absolute), ``checksums`` ``files``."""
     options = {k: str(v.absolute()) if isinstance(v, Path) else v for k, v in asdict(cfg).items()
                if k not in ("dataset", "out")}
     return {
@@ -581,11 +553,8 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def prepare(cfg: SentenceDataConfig, log: Callable[[str], None] = print) -> dict:
-    """Validate and read everything, then write the prepared directory ``cfg.out``; return its manifest.
-
-    The directory is written as a hidden temporary sibling and renamed into place at the end; on any error
-    (or interrupt) nothing is left behind and an existing ``cfg.out`` is untouched.
-    """
+    """Validate and read everything, then write the prepared directory ``cfg.out`` (staged in a hidden sibling:
+    on any error or interrupt an existing ``cfg.out`` is untouched); return its manifest."""
     cfg = resolve(cfg)
     out = cfg.out.absolute()
     _check_out(out, cfg.overwrite)
@@ -594,7 +563,7 @@ def prepare(cfg: SentenceDataConfig, log: Callable[[str], None] = print) -> dict
     from fairseq.data import Dictionary
 
     with staging_dir(out) as tmp:
-        write_dictionary(tmp / "dict.txt", vocabulary)
+        _write_lines(tmp / "dict.txt", [f"{word} {count}" for word, count in vocabulary])  # fairseq's dict.txt
         dictionary = Dictionary.load(str(tmp / "dict.txt"))
         written = {}
         for name, split in splits.items():
@@ -607,9 +576,7 @@ def prepare(cfg: SentenceDataConfig, log: Callable[[str], None] = print) -> dict
             _write_lines(tmp / "train.fold", list(map(str, assign_folds(written["train"], cfg.fold_seed))))
         manifest = build_manifest(cfg, splits, written, num_train_words,
                                   checksums(tmp, [p.name for p in tmp.iterdir()]))
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        os.chmod(tmp, 0o777 & ~current_umask())
-        move_into_place(tmp, out)
+        publish_dir(tmp, out, manifest)
     for name in splits:
         drops = ", ".join(f"{reason} {n:,}" for reason, n in manifest["dropped"][name].items()) or "none"
         log(f"[prepare] {name}: {written[name]:,} examples written (dropped: {drops})")

@@ -1,14 +1,8 @@
-"""A learning-rate search on dev data: every architecture at every rate of a grid (one seed, a fixed split), the
-best-dev checkpoint evaluated on dev only, and one rule that picks each architecture's rate.
-
-Run ``(arch, rate)`` is the sentence experiment's run ``OUT/lr-<rate>/runs/<arch>/seed<k>`` trained with
-``--lr <rate>`` (what ``mtsa-sentence-experiment --out OUT/lr-<rate> --split valid --extra-args "--lr <rate>"``
-trains). A run that fairseq stops with NaN/Inf gradients (``FloatingPointError``) is recorded as stopped and not
-retrained; its dev curve up to the stop is kept.
-
-**Rule** (:func:`choose`): an architecture takes the rate whose run reached the highest dev metric at any
-validation (its best-dev checkpoint, the one the protocol tests) among the rates it trained through without
-stopping; ties go to the higher dev metric at the last validation, then to the larger rate.
+"""A learning-rate search on dev data (docs/sentence-tasks.md): every architecture at every rate of a grid (one seed,
+a fixed split), the best-dev checkpoint evaluated on dev only, and one rule (:func:`choose`) for each architecture's
+rate. Run ``(arch, rate)`` is the sentence experiment's run ``OUT/lr-<rate>/runs/<arch>/seed<k>`` trained with
+``--lr <rate>``; a run fairseq stops with NaN/Inf gradients is recorded as stopped (its dev curve kept), not
+retrained.
 """
 
 from __future__ import annotations
@@ -110,8 +104,10 @@ def run_scores(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def choose(rows: list[dict[str, Any]], lrs: list[float]) -> dict[str, float | None]:
-    """Per architecture whose every rate has finished the rate the rule picks (module docstring), None if no
-    rate trained through; architectures with a rate still to finish are left out."""
+    """The rule: per architecture whose every rate has finished, the rate whose run reached the highest dev metric
+    at any validation (its best-dev checkpoint, the one the protocol tests) among the rates it trained through
+    without stopping, ties going to the higher dev metric at the last validation, then to the larger rate; None if
+    no rate trained through. Architectures with a rate still to finish are left out."""
     chosen: dict[str, float | None] = {}
     for arch in dict.fromkeys(row["arch"] for row in rows):
         if {r["lr"] for r in rows if r["arch"] == arch} != set(lrs):

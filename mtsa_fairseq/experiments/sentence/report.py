@@ -83,8 +83,7 @@ def _mean_sd(spread: dict[str, Any], f: str) -> str:
 
 
 def _compare(results: list[dict[str, Any]], metric: str, reference: str) -> dict[str, Any]:
-    """:func:`summarize`'s per-architecture numbers (``archs``) and Welch's tests (``welch_vs_reference``) for one
-    metric."""
+    """:func:`summarize`'s ``archs`` and Welch's tests (``welch_vs_reference``) for one metric."""
     per_seed: dict[str, dict[int, list[float]]] = {}
     for result in results:
         per_seed.setdefault(result["arch"], {}).setdefault(result["seed"], []).append(result["metrics"][metric])
@@ -108,13 +107,11 @@ def _compare(results: list[dict[str, Any]], metric: str, reference: str) -> dict
 
 
 def cross_validation(summary: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Cross-validation of the summary's ``metric`` (one to maximise: accuracy, as on every CV task) per
-    architecture: mean and sd over its (seed, fold) runs of their three held-out numbers (:func:`held_out_numbers`:
-    ``chosen`` at the update best on the *other* folds, :func:`chosen_steps`, so no run's own fold chooses it;
-    ``best`` selected on the held-out fold itself, the papers' optimistic protocol; ``last``, no selection), and
-    paired t-tests of the summary's ``reference`` against each other architecture over the runs both have (matched
-    by seed and fold): naive, and under ``corrected`` Nadeau and Bengio's corrected resampled t-test (test/train
-    ratio 1/(k - 1) for k folds)."""
+    """Cross-validation of the summary's ``metric`` (one to maximise) per architecture: mean and sd over its (seed,
+    fold) runs of the three held-out numbers of :func:`held_out_numbers` (``chosen`` by the *other* folds,
+    ``best`` on the held-out fold itself, the papers' optimistic protocol, ``last``), and paired t-tests of the
+    ``reference`` against each other architecture over the runs both have (matched by seed and fold): naive,
+    and under ``corrected`` Nadeau and Bengio's corrected resampled t-test (test/train ratio 1/(k - 1))."""
     if missing := next((result for result in results if not result.get("dev_curve")), None):
         raise ExperimentError(f"{missing['run']} has no held-out curve: its last-update metric is unknown")
     runs = {arch: {key: {kind: number[0] for kind, number in numbers.items() if number is not None}
@@ -213,10 +210,9 @@ def _with_metric(summary: dict[str, Any], metric: str | None) -> dict[str, Any]:
 
 def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
                   metric: str | None = None) -> list[str]:
-    """Per architecture: the metric (default: the task's; else one of ``other_metrics``) per seed, mean ± sd, and
-    Welch's t-test of the reference against it with its 95% interval (and each architecture's learning rate when
-    a search chose them).
-    The one-sided p is that of the reference being better: greater, or lower for a metric in LOWER_IS_BETTER."""
+    """Per architecture: the ``metric`` (default: the task's) per seed, mean ± sd, Welch's t-test of the reference
+    against it with its 95% interval, one-sided for the reference being better (greater, or lower in
+    LOWER_IS_BETTER), and the learning rate when a search chose it."""
     summary = _with_metric(summary, metric)
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
@@ -356,13 +352,11 @@ def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
 
 def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, value: float = 0.0,
                  label: str = "anchor", metric: str | None = None, anchor_n: int | None = None) -> list[str]:
-    """One-sample t-tests of every architecture's numbers against a published figure ``value`` (``label``):
-    the per-seed metric of a fixed split (default: the task's; else one of ``other_metrics``), or per fold the
-    three held-out numbers of a cross-validation. The one-sided p is that of the mean being better than the
-    figure: greater, or lower for a metric in LOWER_IS_BETTER. A cross-validation's test is Nadeau and Bengio's
-    corrected one; with ``anchor_n`` (an accuracy measured on that many test items) the test adds the figure's
-    binomial standard error (:func:`~mtsa_fairseq.experiments.significance.anchor_test`); either way the plain
-    one-sample t-test (folds independent, the figure exact) stands beside it."""
+    """One-sample t-tests of every architecture's numbers against a published figure ``value`` (``label``): the
+    per-seed ``metric`` (default: the task's) of a fixed split, or per fold the three held-out numbers of a
+    cross-validation (corrected test), one-sided for the mean being better (greater, or lower in
+    LOWER_IS_BETTER); ``anchor_n`` (an accuracy on that many test items) adds the figure's binomial standard
+    error (:func:`~mtsa_fairseq.experiments.significance.anchor_test`), the plain one-sample t-test beside it."""
     summary = _with_metric(summary, metric)
     f, name = metric_format(summary["metric"]), names or {}
     lower = summary["metric"] in LOWER_IS_BETTER
@@ -407,10 +401,8 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
 
 
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Path) -> None:
-    """Dev (for cross-validation: held-out fold) ``metric`` against updates per architecture (PNG), titled with
-    the experiment's ``name``: the mean over runs (seeds, or seeds x folds) at each validation step that every
-    run of that architecture reached, the band from their lowest to their highest value there, and each run's
-    own curve as a thin line to where it stopped."""
+    """Dev (cross-validation: held-out fold) ``metric`` against updates per architecture (PNG, titled ``name``):
+    the mean over runs at each validation step all of them reached, the min-max band, and each run's own curve."""
     plt = pyplot()
 
     curves: dict[str, list[dict[int, float]]] = {}

@@ -7,8 +7,6 @@ training-only filters are described in docs/experiment.md (1. Data).
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,7 +22,7 @@ import sentencepiece as spm
 
 from mtsa_fairseq.contracts import MANIFEST_SCHEMA, checksums, iter_lines, open_binary
 from mtsa_fairseq.experiments.errors import DataError
-from mtsa_fairseq.experiments.files import current_umask, move_into_place, staging_dir
+from mtsa_fairseq.experiments.files import publish_dir, staging_dir
 from mtsa_fairseq.experiments.processes import child_options, stop_group
 from mtsa_fairseq.experiments.translation.training_view import read_index
 
@@ -155,10 +153,8 @@ def _check_dir_target(out: Path, overwrite: bool) -> None:
 
 
 def validate(cfg: PrepareConfig) -> dict[str, int]:
-    """Check everything that can be checked before writing; return line counts by split name.
-
-    Keys: ``train`` (all training pairs, held-out valid ones included), ``valid``, and each test name.
-    """
+    """Check everything that can be checked before writing; return line counts by split name: ``train`` (all
+    training pairs, held-out valid ones included), ``valid``, and each test name."""
     for flag, lang in (("--source-lang", cfg.source_lang), ("--target-lang", cfg.target_lang)):
         if not _NAME.fullmatch(lang):
             raise DataError(f"{flag} {lang!r} is not a valid language code (letters, digits, '.', '_', '-')")
@@ -214,11 +210,9 @@ def _open_out(path: Path) -> TextIO:
 def normalize_train(corpora: list[Corpus], form: str, out: tuple[Path, Path], valid_every: int | None = None,
                     valid_out: tuple[Path, Path] | None = None,
                     log: Callable[[str], None] = print) -> tuple[TrainStats, int]:
-    """Normalise the concatenated training corpora into ``out``, dropping pairs with an empty side.
-
-    With ``valid_every`` = N, every N-th pair (1-based, over the concatenation) goes, unfiltered, to
-    ``valid_out`` instead. Returns the training statistics and the number of held-out pairs.
-    """
+    """Normalise the concatenated training corpora into ``out``, dropping pairs with an empty side; with
+    ``valid_every`` = N, every N-th pair (1-based) goes, unfiltered, to ``valid_out`` instead. Returns the
+    training statistics and the number of held-out pairs."""
     stats, held_out, index = TrainStats(), 0, 0
     with ExitStack() as stack:
         train_files = [stack.enter_context(_open_out(p)) for p in out]
@@ -333,10 +327,8 @@ def encode_train(encoder: PieceEncoder, src: tuple[Path, Path], dst: tuple[Path,
 
 
 def binarize(workdir: Path, source_lang: str, target_lang: str, num_tests: int, workers: int) -> None:
-    """Run ``fairseq-preprocess --joined-dictionary`` on ``workdir/work/{train,valid,test*}`` into ``workdir/bin``.
-
-    Paths are relative to ``workdir`` because fairseq splits ``--testpref`` on commas.
-    """
+    """Run ``fairseq-preprocess --joined-dictionary`` on ``workdir/work/{train,valid,test*}`` into ``workdir/bin``
+    (paths relative to ``workdir``: fairseq splits ``--testpref`` on commas)."""
     cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", source_lang, "--target-lang", target_lang,
            "--trainpref", "work/train", "--validpref", "work/valid", "--destdir", "bin", "--joined-dictionary",
            "--workers", str(workers)]
@@ -379,13 +371,9 @@ def dictionary_size(bin_dir: Path, lang: str) -> int:
 
 def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid_lines: int,
                    test_lines: dict[str, int], files: dict[str, dict]) -> dict:
-    """The ``manifest.json`` of a prepared directory (schema ``mtsa-fairseq.data.v1``, paths relative to it).
-
+    """The ``manifest.json`` of a prepared directory (schema ``mtsa-fairseq.data.v1``, paths relative to it):
     ``train.lines`` counts training pairs read (held-out valid pairs excluded), ``train.kept`` those binarised;
-    ``tests`` maps each test name to its fairseq subset, line count and untouched source/reference text;
-    ``checksums`` holds ``files``, the :func:`~mtsa_fairseq.contracts.checksums` of the binarized files and
-    dictionaries, which training and scoring check the data against.
-    """
+    ``tests`` maps each test name to its subset, line count and untouched text; ``checksums`` holds ``files``."""
     src, tgt = cfg.source_lang, cfg.target_lang
     return {
         "schema": MANIFEST_SCHEMA, "source_lang": src, "target_lang": tgt, "data_bin": "bin", "spm_model": "spm.model",
@@ -403,11 +391,8 @@ def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid
 
 
 def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
-    """Validate, then write the prepared directory ``cfg.out``; return its manifest.
-
-    Everything is written into a hidden temporary sibling of ``cfg.out`` that is renamed into place at the
-    end; on any error (or interrupt) it is removed and ``cfg.out`` is left as it was.
-    """
+    """Validate, then write the prepared directory ``cfg.out`` (staged in a hidden sibling: on any error or
+    interrupt ``cfg.out`` is left as it was); return its manifest."""
     counts = validate(cfg)
     src_lang, tgt_lang = cfg.source_lang, cfg.target_lang
     out = cfg.out.absolute()
@@ -433,10 +418,8 @@ def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
         binarized = [f"bin/{p.name}" for p in (tmp / "bin").iterdir() if p.suffix in (".bin", ".idx", ".txt")]
         manifest = build_manifest(cfg, sp.get_piece_size(), stats, counts["valid"],
                                   {t.name: counts[t.name] for t in cfg.tests}, checksums(tmp, binarized))
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         shutil.rmtree(work)
-        os.chmod(tmp, 0o777 & ~current_umask())
-        move_into_place(tmp, out)
+        publish_dir(tmp, out, manifest)
     _log_summary(cfg, out, stats, counts, manifest, log)
     return manifest
 

@@ -1,14 +1,11 @@
-"""Train several seeds of one config with ``fairseq-train``, resumably, locally, under torchrun or on Slurm.
+"""Train several seeds of one config with ``fairseq-train``, resumably, locally, under torchrun or on Slurm
+(docs/experiment.md, 2. Training).
 
-Each seed trains in ``SAVE_ROOT/<config name>/seed<k>/`` (contract 2): fairseq's checkpoints,
-``train.log`` (fairseq's output, appended over resumed sessions) and ``run.json`` (status, command, wall
-time, updates, throughput, peak memory, the checkpoint to score). A run is done when fairseq exited 0 and
-``checkpoint_last.pt`` reached ``--max-update``; launching again skips done runs and restarts the others
-in the same directory, where fairseq restores ``checkpoint_last.pt`` itself.
-
-Everything is checked (config, data, seeds, world size, every fairseq option against fairseq's parser)
-by :func:`plan` before anything is written; :func:`execute` then trains or submits Slurm jobs
-(:mod:`.slurm`, requeued and resumed after a timeout or a preemption).
+Each seed trains in ``SAVE_ROOT/<config name>/seed<k>/`` (contract 2): fairseq's checkpoints, ``train.log``
+(appended over resumed sessions) and ``run.json``. A run is done when fairseq exited 0 and ``checkpoint_last.pt``
+reached ``--max-update``; launching again skips done runs and restarts the others in the same directory, where
+fairseq restores ``checkpoint_last.pt`` itself. :func:`~.plan.plan` checks everything before anything is written;
+:func:`execute` then trains or submits Slurm jobs (:mod:`.slurm`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
 """Scoring fairseq translations with BLEU, and the result-file contract (``mtsa-fairseq.result.v1``).
 
 ``scripts/score.py`` runs ``fairseq-generate`` on one test subset, orders the ``H-<id>`` hypotheses by sentence id,
-decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data) and scores them against the
-untouched reference file (its lines as data preparation counted them, see :func:`mtsa_fairseq.contracts.iter_lines`).
-Every value is corpus BLEU with one reference, case-sensitive:
+decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data), whitespace-normalises them
+(one line per sentence) and scores them against the untouched reference file (its lines as data preparation
+counted them, see :func:`mtsa_fairseq.contracts.iter_lines`). Every value is corpus BLEU with one reference,
+case-sensitive (docs/experiment.md, 3. Scoring):
 
-``sacrebleu``
-    sacreBLEU's default BLEU (``13a`` tokeniser, ``exp`` smoothing) on the detokenised hypotheses; the
-    signature string is stored next to it. This is the number to compare across papers.
-``tokenized_compound_split``
-    what Vaswani et al. (2017) and fairseq's ``compound_split_bleu.sh`` report: hypotheses and references
-    Moses-tokenised (sacremoses, ``escape=False``, target language), hyphenated compounds split (``(\\S)-(\\S)`` ->
-    ``\\1 ##AT##-##AT## \\2``), then BLEU on those tokens with multi-bleu.perl semantics (sacreBLEU with
-    ``tokenize="none"`` and no smoothing). Tokenisation choices move it by about a point, so it is only comparable
-    with numbers computed the same way.
-``t2t_intl``
-    what tensor2tensor's ``t2t-bleu`` reports as ``BLEU_cased``, the MTSA paper's metric: the mteval-v14
-    international tokenisation (sacreBLEU's ``intl`` tokeniser) with the ``exp`` smoothing that t2t's ``compute_bleu``
-    also applies.
-
-Hypotheses are whitespace-normalised (runs of whitespace, including any line separator a decoded piece may contain,
-become one space), so the hypotheses file has exactly one line per sentence.
+* ``sacrebleu``: sacreBLEU's default BLEU (``13a``, ``exp`` smoothing) on the detokenised hypotheses, with its
+  signature; the number to compare across papers.
+* ``tokenized_compound_split``: what Vaswani et al. (2017) and fairseq's ``compound_split_bleu.sh`` report:
+  hypotheses and references Moses-tokenised (sacremoses, ``escape=False``, target language), hyphenated compounds
+  split (``(\\S)-(\\S)`` -> ``\\1 ##AT##-##AT## \\2``), then multi-bleu.perl's BLEU (sacreBLEU with ``tokenize="none"``,
+  no smoothing); comparable only with numbers computed the same way.
+* ``t2t_intl``: tensor2tensor's ``t2t-bleu`` ``BLEU_cased``, the MTSA paper's metric: mteval-v14's international
+  tokenisation (sacreBLEU's ``intl``) with the ``exp`` smoothing t2t's ``compute_bleu`` applies.
 """
 
 from __future__ import annotations

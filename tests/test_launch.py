@@ -1,4 +1,5 @@
-"""scripts/train_seeds.py and scripts/average_checkpoints.py on a tiny synthetic corpus, through fairseq's CLIs."""
+"""The launcher (mtsa_fairseq/experiments/translation/launch.py and plan.py) through scripts/train_seeds.py, and
+scripts/average_checkpoints.py, on a tiny synthetic corpus, through fairseq's CLIs."""
 
 import json
 import os

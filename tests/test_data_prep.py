@@ -150,12 +150,14 @@ def test_validate_catches_bad_configurations(tmp_path):
         "holds out nothing": dict(valid=None, valid_every=100),
         "exactly one of --valid": dict(valid_every=10),
         "both 'en'": dict(target_lang="en"),
+        "--test name 'a/b' must be letters": dict(tests=[NamedCorpus("a/b", raw / "test.en", raw / "test.de")]),
         "--character-coverage": dict(character_coverage=0.5),
         "--max-length-ratio": dict(max_ratio=0.5),
     }
     for message, overrides in bad.items():
         with pytest.raises(DataError, match=message):
             validate(config(tmp_path, **overrides))
+    assert validate(config(tmp_path, tests=[NamedCorpus("töy", raw / "test.en", raw / "test.de")]))["töy"] == 5
     (tmp_path / "out").mkdir()
     validate(cfg)  # an empty directory is fine
     (tmp_path / "out" / "notes.txt").write_text("mine")

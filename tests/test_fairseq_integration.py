@@ -94,6 +94,13 @@ def test_generate_and_interactive(trained):
     assert sum(line.startswith("H-") for line in inter.stdout.splitlines()) == 2
 
 
+def test_a_translation_checkpoint_given_to_the_sentence_evaluation_is_named_as_such(trained):
+    root, save = trained
+    proc = run("mtsa-evaluate-sentence", "--checkpoint", str(save / "checkpoint_last.pt"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("is a translation checkpoint, not a sentence_encoding one")
+
+
 def test_missing_user_dir_is_the_known_failure(trained):
     root, save = trained
     proc = run("fairseq-generate", str(root / "bin"), "--path", str(save / "checkpoint_last.pt"), "--cpu", check=False)

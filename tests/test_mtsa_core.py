@@ -341,6 +341,8 @@ def test_a_shared_pass_reads_nothing_and_names_the_first_call_that_underflowed(t
         assert shared.dens and not count.syncs
         mtsa_core(*normal, pad, direction, True, t2t, kernel=kernel, s2t_activation="exp", shared=shared)
         mtsa_core(*extreme, pad, direction, True, t2t, kernel=kernel, s2t_activation="exp", shared=shared)
+        mtsa_core(*(t.detach()[:0] for t in normal), pad[:0], direction, True, t2t, kernel=kernel,
+                  s2t_activation="exp", shared=shared)  # an empty batch
     assert not count.syncs
     checked = [t.detach().clone().requires_grad_() for t in normal]
     expected = mtsa_core(*checked, pad, direction, True, t2t, kernel=kernel, s2t_activation="exp")

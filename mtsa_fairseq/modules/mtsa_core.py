@@ -136,7 +136,8 @@ class SharedPass:
         without ``shared``), or None: one host read, two when a call underflowed."""
         if not self.dens:
             return None
-        small = torch.stack([den.amin() < _sqrt_tiny(den.dtype) for den in self.dens])
+        small = torch.stack([den.amin() < _sqrt_tiny(den.dtype) if den.numel() else den.new_zeros((), dtype=torch.bool)
+                             for den in self.dens])
         return int(small.int().argmax()) if bool(small.any()) else None
 
 

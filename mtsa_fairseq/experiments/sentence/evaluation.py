@@ -37,6 +37,10 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
     except Exception as exc:  # fairseq and torch raise many kinds for a file that is not a checkpoint
         reason = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])  # torch's run over lines
         raise EvaluationError(f"cannot load checkpoint {checkpoint}: {reason}") from None
+    task_cfg = (state.get("cfg") or {}).get("task")  # a config or, for tasks with legacy options, a Namespace
+    task_name = task_cfg.get("_name") if hasattr(task_cfg, "keys") else getattr(task_cfg, "_name", None)
+    if task_name not in (None, "sentence_encoding"):  # before building: a translation task would look for its files
+        raise EvaluationError(f"{checkpoint} is a {task_name} checkpoint, not a sentence_encoding one")
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
                                                                       state=state)
     if getattr(cfg.task, "_name", None) != "sentence_encoding" and not hasattr(task, "kind"):

@@ -28,7 +28,7 @@ from mtsa_fairseq.experiments.translation.training_view import read_index
 
 NORMALIZATIONS = ("nfkc", "nfc", "none")
 MODEL_TYPES = ("unigram", "bpe")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME = re.compile(r"[^\W_][\w.-]*")  # letters of any script, digits, then also "._-"
 _CHUNK = 10_000
 _PROGRESS_EVERY = 1_000_000
 

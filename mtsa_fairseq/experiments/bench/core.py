@@ -49,7 +49,8 @@ def _layer(method: str, args: argparse.Namespace):
     from mtsa_fairseq.modules.mtsa_reference import mtsa_naive
 
     batch, dim, heads, device = args.batch, args.dim, args.heads, args.device
-    module = build_layer({"mha": "transformer", "naive": "mtsa", "mha-flash": "mtsa"}.get(method, method), 0.0, args)
+    name = {"mha": "transformer", "naive": "mtsa", "mha-flash": "mtsa"}.get(method, method)
+    module = build_layer(name, 0.0, "scaled_sigmoid", args).self_attn  # the encoder layer's attention
 
     def step(x, pad):
         n = x.shape[0]

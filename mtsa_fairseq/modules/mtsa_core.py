@@ -581,7 +581,7 @@ class _Ratio(torch.autograd.Function):
         return grad_num, (grad_num * num).div_(den).neg_(), None
 
 
-def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, bias: tuple[Tensor, Tensor] | None,
+def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, bias: tuple[Tensor, Tensor | None] | None,
                 scale: float, keep: float, is_causal: bool = False, joint: bool = False,
                 lean: bool = False) -> tuple[Tensor, Tensor]:
     """``(out, Z)``: ``Z = SDPA(q, k, E_S)``, ``out = SDPA(q, k, v*E_S') / Z`` with dropout (``keep < 1``) on the

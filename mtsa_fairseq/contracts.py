@@ -37,7 +37,7 @@ RESULT_SCHEMA = "mtsa-fairseq.result.v1"
 SENTENCE_RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 SENTENCE_KINDS = ("single", "pair", "relatedness")  # what one example of a sentence dataset holds
-BLEU_METRICS = ("sacrebleu", "tokenized_compound_split", "t2t_intl")  # the BLEU values of a result file
+BLEU_METRICS = ("sacrebleu", "sacrebleu_lc", "tokenized_compound_split", "t2t_intl")  # the BLEU values of a result file
 RUN_PATHS = ("checkpoint", "data", "config_path", "trained_in", "unreadable_checkpoint")  # run.json's path fields
 
 

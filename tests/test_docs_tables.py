@@ -324,6 +324,10 @@ def test_study_tables_show_both_checkpoints_both_bleus_the_pairs_and_every_run()
     assert len(paired) == 4 and paired[2] == "| test_2016_flickr | last | 1 | 40.00 | 40.50 | 0.200 | 0.210 | 0.090 |"
     assert paired[0].endswith("| p (paired bootstrap, two-sided) | p (approximate randomization) | "
                               "p (Moses bootstrap, one-sided-like) |")
+    # a study scored with lowercased BLEU too: its rows after the cased ones (a study without it has none, above)
+    lowercased = study_table({**report, "summary_lowercased": report["summary"]})
+    assert [row.split(" | ")[2] for row in lowercased[2:]] == ["sacreBLEU", "sacreBLEU, lowercased",
+                                                              "tokenized, compound-split"] * 2
     runs = study_runs_table(report)
     assert runs[0].endswith("| test_2016_flickr last | test_2016_flickr average of the last 5 |") and len(runs) == 6
     assert runs[2] == "| Transformer | 1 | 6,864 | 9,000 | — | 40.00 (528) | 39.50 | -0.50 | 39.00 | 39.50 |"

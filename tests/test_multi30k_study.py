@@ -78,7 +78,7 @@ def _valid_line(update: int, loss: float, bleu: float) -> str:
 
 def _fake_study(out: Path, comparison: study.Comparison = study.STUDY) -> None:
     """What the pipeline and scoring leave for seeds 1 and 2: run records, logs, results of both kinds and the
-    four significance reports (only the fields the study report reads); runs already there are kept."""
+    six significance reports (only the fields the study report reads); runs already there are kept."""
     for role, config in comparison.configs.items():
         for seed in (1, 2):
             run_dir = out / "runs" / config.stem / f"seed{seed}"
@@ -97,9 +97,9 @@ def _fake_study(out: Path, comparison: study.Comparison = study.STUDY) -> None:
                     bleu = 30.0 + seed + (0.5 if kind == "avg5" else 0) + (1 if role == "system" else 0) + (
                         2 if config.stem.endswith("bias5") else 0)
                     path.write_text(json.dumps({"schema": RESULT_SCHEMA, "num_params": 7, "bleu": {
-                        "sacrebleu": bleu, "tokenized_compound_split": bleu + 2}}))
-    for name, mean in (("report", 31.5), ("report-avg5", 32.0), ("report-tokenized", 33.5),
-                       ("report-avg5-tokenized", 34.0)):
+                        "sacrebleu": bleu, "sacrebleu_lc": bleu + 1, "tokenized_compound_split": bleu + 2}}))
+    for name, mean in (("report", 31.5), ("report-avg5", 32.0), ("report-lowercased", 32.5),
+                       ("report-avg5-lowercased", 33.0), ("report-tokenized", 33.5), ("report-avg5-tokenized", 34.0)):
         groups = [{"test_set": test, "paired": [{"seed": 1, "p_ar": 0.5}], "t_test": {
             "mean_baseline": mean, "std_baseline": 0.7, "n_baseline": 2, "mean_system": mean + 1, "std_system": 0.7,
             "n_system": 2, "t": 1.4, "df": 2.0, "p_two_sided": 0.3, "p_greater": 0.15}} for test in study.TESTS]
@@ -117,6 +117,7 @@ def test_study_report_holds_curves_both_checkpoints_and_the_tests(tmp_path):
     assert first["valid_bleu"] == [[200, 11.0], [400, 21.0], [600, 31.0]]
     assert first["plateau"]["plateaued"] is False  # still gaining 10 BLEU in the last quarter
     assert first["test"] == {test: {"last": 31.0, "avg5": 31.5} for test in study.TESTS}
+    assert first["test_lowercased"] == {test: {"last": 32.0, "avg5": 32.5} for test in study.TESTS}
     assert first["test_tokenized"] == {test: {"last": 33.0, "avg5": 33.5} for test in study.TESTS}
     assert report["runs"][3]["system"] == "MTSA" and report["runs"][3]["test"]["test_2016_flickr"]["last"] == 33.0
     assert set(report["summary"]) == set(study.TESTS)
@@ -126,6 +127,8 @@ def test_study_report_holds_curves_both_checkpoints_and_the_tests(tmp_path):
     assert summary["avg5"]["welch"]["p_two_sided"] == 0.3 and summary["last"]["paired"] == [{"seed": 1, "p_ar": 0.5}]
     tokenized = report["summary_tokenized"]["test_2016_flickr"]
     assert (tokenized["last"]["Transformer"]["mean"], tokenized["avg5"]["MTSA"]["mean"]) == (33.5, 35.0)
+    lowercased = report["summary_lowercased"]["test_2016_flickr"]
+    assert (lowercased["last"]["Transformer"]["mean"], lowercased["avg5"]["MTSA"]["mean"]) == (32.5, 34.0)
     assert report["sacrebleu_signature"] == "sig-report"
 
 

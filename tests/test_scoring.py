@@ -91,8 +91,34 @@ def test_bleu_functions_equal_sacrebleu():
     expected = sacrebleu.corpus_bleu(split[0], [split[1]], tokenize="none", smooth_method="none", force=True).score
     assert scoring.tokenized_compound_split_bleu(HYPS, REFS, "de") == expected
     bleu = scoring.bleu_scores(HYPS, REFS, "de")
-    assert bleu == {"sacrebleu": score, "signature": signature, "tokenized_compound_split": expected,
+    lowercased = sacrebleu.corpus_bleu([h.lower() for h in HYPS], [[r.lower() for r in REFS]]).score
+    assert lowercased == sacrebleu.corpus_bleu(HYPS, [REFS], lowercase=True).score != score
+    assert bleu == {"sacrebleu": score, "signature": signature, "sacrebleu_lc": lowercased,
+                    "tokenized_compound_split": expected,
                     "t2t_intl": scoring.t2t_intl_bleu(HYPS, REFS)}
+
+
+def test_rescore_adds_new_metrics_and_refuses_changed_hypotheses(tmp_path):
+    (tmp_path / "r.hyp.txt").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
+    (tmp_path / "refs.de").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    bleu = scoring.bleu_scores(HYPS, REFS, "de")
+    older = {k: v for k, v in bleu.items() if k != "sacrebleu_lc"}  # scored before lowercased BLEU was recorded
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"schema": "mtsa-fairseq.result.v1", "num_sentences": 3, "hypotheses": "r.hyp.txt",
+                                  "references": "refs.de", "bleu": older, "seed": 1}), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result), "--target-lang", "de"],
+                          capture_output=True, text=True, env=ENV)
+    assert proc.returncode == 0 and proc.stdout == f"rescored {result}\n", proc.stderr
+    rescored = json.loads(result.read_text(encoding="utf-8"))
+    assert rescored["bleu"] == bleu and rescored["seed"] == 1
+    (tmp_path / "r.hyp.txt").write_text("\n".join(HYPS[::-1]) + "\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result), "--target-lang", "de"],
+                          capture_output=True, text=True, env=ENV)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "sacrebleu recomputes to" in proc.stderr and "hypotheses, references or scorer changed" in proc.stderr
+    assert json.loads(result.read_text(encoding="utf-8")) == rescored
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--rescore needs --target-lang" in proc.stderr
 
 
 def test_tokenized_compound_split_bleu_by_hand():

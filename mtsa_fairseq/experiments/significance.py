@@ -28,7 +28,8 @@ PAIRED_TESTS = {"p_bootstrap_two_sided": f"paired bootstrap, {BOOTSTRAPS['two-si
                 "p_ar": "paired approximate randomization, two-sided"}
 POWER, ALPHA = 0.8, 0.05  # of the detectable difference: 80% power, two-sided alpha 0.05
 TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}
-METRIC_NAMES = {"sacrebleu": "sacreBLEU", "tokenized_compound_split": "tokenized compound-split BLEU",
+METRIC_NAMES = {"sacrebleu": "sacreBLEU", "sacrebleu_lc": "sacreBLEU, lowercased",
+                "tokenized_compound_split": "tokenized compound-split BLEU",
                 "t2t_intl": "t2t-bleu (intl, cased)"}
 GroupKey = tuple[str | None, str]  # (setup, test set)
 _REQUIRED = ("system", "test_set", "num_params", "num_sentences", "hypotheses", "references", "bleu")

@@ -1,7 +1,8 @@
 """Translate one test set with one checkpoint (fairseq-generate) and write its BLEU result file.
 
 Writes RESULT (schema mtsa-fairseq.result.v1, paths relative to its folder) and the detokenised hypotheses next to
-it (<RESULT stem>.hyp.txt): sacreBLEU, tokenised compound-split BLEU and t2t-bleu's BLEU (translation/scoring.py).
+it (<RESULT stem>.hyp.txt): sacreBLEU (cased and lowercased), tokenised compound-split BLEU and t2t-bleu's BLEU
+(translation/scoring.py). --rescore recomputes the BLEU values of result files from their hypotheses instead.
 Option errors exit with status 2, errors in the inputs (run record, checkpoint, data, references) with 1.
 """
 
@@ -21,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--checkpoint", type=Path, help="checkpoint to score (a run.json beside it is read too)")
     model.add_argument("--run-dir", type=Path, help="training run directory: its run.json names the checkpoint, "
                                                     "system, setup and seed")
+    model.add_argument("--rescore", type=Path, nargs="+", metavar="RESULT",
+                       help="recompute the BLEU values of these result files from their hypotheses and references "
+                            "(adds those scored since; a recorded value that differs is an error); needs --target-lang")
     data = parser.add_argument_group("data (either --data/--test or --data-bin/--reference)")
     data.add_argument("--data", type=Path, help="prepared data directory with manifest.json")
     data.add_argument("--test", help="with --data: test set name in manifest.json (e.g. newstest2014); with "
@@ -33,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--source-lang", help="with --data-bin: source language (default: the checkpoint's)")
     data.add_argument("--target-lang", help="with --data-bin: target language, also used by the Moses tokeniser "
                                             "(default: the checkpoint's)")
-    parser.add_argument("--result", type=Path, required=True, help="result file to write (JSON)")
+    parser.add_argument("--result", type=Path, help="result file to write (JSON)")
     parser.add_argument("--overwrite", action="store_true", help="replace RESULT and its hypotheses file if they exist")
     parser.add_argument("--system", help="system name in the result (default: run.json's, else the arch)")
     parser.add_argument("--setup", help="setup name in the result (default: run.json's, else none)")
@@ -87,6 +91,17 @@ def _main() -> None:
         parser.error("--max-len-a must not be negative")
     if args.max_tokens is None and args.batch_size is None:
         args.max_tokens = 4096
+    if args.rescore:
+        if not args.target_lang:
+            parser.error("--rescore needs --target-lang (the Moses tokeniser's language)")
+        for path in args.rescore:
+            lock = RunLock(path.with_name(f".{path.name}.lock"), f"result {path}", "scorer")
+            with lock.acquire(scoring.ScoringError):
+                write_json(path, scoring.rescore(path, args.target_lang), indent=2)
+            print(f"rescored {path}")
+        return
+    if args.result is None:
+        parser.error("--result is required")
     checkpoint, run = scoring.resolve_checkpoint(args.run_dir, args.checkpoint, args.allow_diverged)
     inputs = resolve_data(args, parser)
     scoring.check_dictionaries(run, checkpoint, inputs.data_bin)
@@ -137,6 +152,7 @@ def score(args: argparse.Namespace, parser: argparse.ArgumentParser, checkpoint:
     print(f"{result['test_set']} ({len(references)} sentences), {result['system']} seed {result['seed']}, "
           f"{info.num_params:,} parameters")
     print(f"sacreBLEU {bleu['sacrebleu']:.2f}  signature: {bleu['signature']}")
+    print(f"sacreBLEU lowercased {bleu['sacrebleu_lc']:.2f}")
     print(f"tokenized compound-split BLEU {bleu['tokenized_compound_split']:.2f}")
     print(f"t2t intl BLEU (cased) {bleu['t2t_intl']:.2f}")
     print(f"wrote {args.result} and {hyp_path}")

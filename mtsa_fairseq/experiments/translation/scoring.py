@@ -4,10 +4,12 @@
 decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data), whitespace-normalises them
 (one line per sentence) and scores them against the untouched reference file (its lines as data preparation
 counted them, see :func:`mtsa_fairseq.contracts.iter_lines`). Every value is corpus BLEU with one reference,
-case-sensitive (docs/experiment.md, 3. Scoring):
+case-sensitive but one (docs/experiment.md, 3. Scoring):
 
 * ``sacrebleu``: sacreBLEU's default BLEU (``13a``, ``exp`` smoothing) on the detokenised hypotheses, with its
   signature; the number to compare across papers.
+* ``sacrebleu_lc``: the same lowercased (signature ``case:lc``), for literature that reports lowercased BLEU
+  (Multi30k's does).
 * ``tokenized_compound_split``: what Vaswani et al. (2017) and fairseq's ``compound_split_bleu.sh`` report:
   hypotheses and references Moses-tokenised (sacremoses, ``escape=False``, target language), hyphenated compounds
   split (``(\\S)-(\\S)`` -> ``\\1 ##AT##-##AT## \\2``), then multi-bleu.perl's BLEU (sacreBLEU with ``tokenize="none"``,
@@ -103,11 +105,11 @@ def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
     return [tokenizer.tokenize(line, escape=False, return_str=True) for line in lines]
 
 
-def sacrebleu_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-    """sacreBLEU's default detokenised corpus BLEU and its signature string."""
+def sacrebleu_bleu(hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False) -> tuple[float, str]:
+    """sacreBLEU's default detokenised corpus BLEU (``lowercase``: of both sides lowercased) and its signature."""
     from sacrebleu.metrics import BLEU
 
-    metric = BLEU()
+    metric = BLEU(lowercase=lowercase)
     score = metric.corpus_score(list(hypotheses), [list(references)])
     return score.score, str(metric.get_signature())
 
@@ -134,7 +136,7 @@ def bleu_scores(hypotheses: Sequence[str], references: Sequence[str], target_lan
     if len(hypotheses) != len(references):
         raise ScoringError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     score, signature = sacrebleu_bleu(hypotheses, references)
-    return {"sacrebleu": score, "signature": signature,
+    return {"sacrebleu": score, "signature": signature, "sacrebleu_lc": sacrebleu_bleu(hypotheses, references, True)[0],
             "tokenized_compound_split": tokenized_compound_split_bleu(hypotheses, references, target_lang),
             "t2t_intl": t2t_intl_bleu(hypotheses, references)}
 
@@ -157,6 +159,24 @@ def result_file(result: dict[str, Any], key: str, path: Path) -> Path:
     """The file a result read from ``path`` names under ``key`` (``checkpoint``, ``hypotheses``, ``references``):
     relative to ``path``'s folder, or absolute (older results)."""
     return record_path(result[key], Path(path).parent)
+
+
+def rescore(path: Path, target_lang: str) -> dict[str, Any]:
+    """The result file ``path`` with its ``bleu`` block recomputed from its hypotheses and references (adding the
+    metrics scored since it was written); a recorded value the recomputation does not reproduce is an error."""
+    result = read_json(path, RESULT_SCHEMA, "result file", ScoringError)
+    files = [result_file(result, key, path) for key in ("hypotheses", "references")]
+    for file in files:
+        if not file.is_file():
+            raise ScoringError(f"{path} names {file}, which is not a file")
+    hypotheses = read_lines(files[0], ScoringError)
+    bleu = bleu_scores(hypotheses, read_references(files[1], result.get("num_sentences")), target_lang)
+    recorded = result.get("bleu") or {}
+    for key, value in recorded.items():
+        if key in bleu and bleu[key] != value:
+            raise ScoringError(f"{path}: {key} recomputes to {bleu[key]!r}, not the recorded {value!r} (its "
+                               "hypotheses, references or scorer changed)")
+    return {**result, "bleu": {**recorded, **bleu}}
 
 
 def read_manifest(data_dir: Path) -> dict[str, Any]:

@@ -194,10 +194,10 @@ def interim_curves(out: Path, seeds: list[int], comparison: Comparison = STUDY) 
 def study_report(out: Path, seeds: list[int], budget_record: dict | None = None,
                  comparison: Comparison = STUDY) -> dict:
     """The machine-readable study: per run its validation curve and test BLEU of both checkpoint kinds (sacreBLEU
-    in ``test``, tokenized compound-split BLEU in ``test_tokenized``); per test set and kind the two systems'
-    means, standard deviations, Welch's test and the paired tests per seed (``summary``: sacreBLEU,
-    ``summary_tokenized``); the budget and where it came from (``budget_record`` of :func:`probe_budget`, its
-    ``probe`` relative to the study.json's folder)."""
+    in ``test``, lowercased in ``test_lowercased``, tokenized compound-split BLEU in ``test_tokenized``); per test
+    set and kind the two systems' means, standard deviations, Welch's test and the paired tests per seed
+    (``summary``: sacreBLEU, ``summary_lowercased``, ``summary_tokenized``); the budget and where it came from
+    (``budget_record`` of :func:`probe_budget`, its ``probe`` relative to the study.json's folder)."""
     runs = []
     for role, config, seed in comparison.runs(seeds):
         record = _run_record(out, config, seed)
@@ -210,9 +210,9 @@ def study_report(out: Path, seeds: list[int], budget_record: dict | None = None,
             "num_params": results[TESTS[0]]["last"]["num_params"],
             "valid_bleu": [[p["update"], p["bleu"]] for p in curve if "bleu" in p],
             "valid_loss": [[p["update"], p["loss"]] for p in curve], "plateau": plateau(curve),
-            "test": {test: {kind: results[test][kind]["bleu"]["sacrebleu"] for kind in KINDS} for test in TESTS},
-            "test_tokenized": {test: {kind: results[test][kind]["bleu"]["tokenized_compound_split"]
-                                      for kind in KINDS} for test in TESTS},
+            **{key: {test: {kind: results[test][kind]["bleu"][metric] for kind in KINDS} for test in TESTS}
+               for key, metric in (("test", "sacrebleu"), ("test_lowercased", "sacrebleu_lc"),
+                                   ("test_tokenized", "tokenized_compound_split"))},
         })
     reports = out / comparison.reports
     return {"schema": STUDY_SCHEMA, "sacrebleu_signature": _significance_report(reports, "last", "")["signature"],
@@ -220,6 +220,7 @@ def study_report(out: Path, seeds: list[int], budget_record: dict | None = None,
             "budget": budget_record and {**budget_record, "probe": relative_path(budget_record["probe"], reports)},
             "runs": runs,
             "summary": _summary(reports, "", comparison.names),
+            "summary_lowercased": _summary(reports, "-lowercased", comparison.names),
             "summary_tokenized": _summary(reports, "-tokenized", comparison.names)}
 
 
@@ -281,6 +282,8 @@ def run_study(out: Path, files: dict[str, list[Path]], seeds: list[int], compari
             sys.exit(f"error: {err}")
     pipeline(seeds)  # every run trained and scored: the pipeline's own report (sacreBLEU, checkpoint_last)
     for kind, metric, stem in (("avg5", "sacrebleu", "report-avg5"),  # the others, with mtsa-significance
+                               ("last", "sacrebleu_lc", "report-lowercased"),
+                               ("avg5", "sacrebleu_lc", "report-avg5-lowercased"),
                                ("last", "tokenized_compound_split", "report-tokenized"),
                                ("avg5", "tokenized_compound_split", "report-avg5-tokenized")):
         results = {role: [str(result_path(out, config, seed, test, kind)) for seed in seeds for test in TESTS]
@@ -294,6 +297,7 @@ def run_study(out: Path, files: dict[str, list[Path]], seeds: list[int], compari
     write_curves(out, seeds, f"{title}: validation curves of every run", comparison=comparison)
     write_json(reports / "study.json", study_report(out, seeds, budget_record, comparison))
     print(table + f"\nreports: {reports / 'report.md'} (sacreBLEU, checkpoint_last), {reports / 'report-avg5.md'} "
-          f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {reports / 'report-tokenized.md'} "
+          f"(sacreBLEU, average of the last {AVERAGED} epoch checkpoints), {reports / 'report-lowercased.md'} "
+          f"and {reports / 'report-avg5-lowercased.md'} (lowercased), {reports / 'report-tokenized.md'} "
           f"and {reports / 'report-avg5-tokenized.md'} (tokenized, compound-split BLEU), {reports / 'runs.md'}, "
           f"{reports / 'curves.png'}, {reports / 'study.json'}")

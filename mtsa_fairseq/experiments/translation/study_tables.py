@@ -8,7 +8,8 @@ from typing import Any
 
 from mtsa_fairseq.experiments.significance import POWER, detectable_difference, equivalence_test, format_p
 
-BLEU_KINDS = {"summary": "sacreBLEU", "summary_tokenized": "tokenized, compound-split"}
+BLEU_KINDS = {"summary": "sacreBLEU", "summary_lowercased": "sacreBLEU, lowercased",
+              "summary_tokenized": "tokenized, compound-split"}
 
 
 def _systems(report: dict[str, Any], names: dict[str, str]) -> tuple[str, str, str, str]:
@@ -45,6 +46,8 @@ def study_table(report: dict[str, Any], names: dict[str, str] | None = None, mar
     for test, kinds in report["summary"].items():
         for kind in kinds:
             for key, bleu in BLEU_KINDS.items():
+                if key not in report:  # a study scored before lowercased BLEU was recorded
+                    continue
                 row = report[key][test][kind]
                 welch = row["welch"]
                 sides = [f"{row[s]['mean']:.2f} ± {row[s]['std']:.2f} ({row[s]['n']})" for s in (baseline, system)]

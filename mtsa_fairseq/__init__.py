@@ -2,10 +2,9 @@
 
 Use as ``fairseq-train --user-dir <path to this package> --arch transformer_mtsa_wmt_en_de ...`` (translation)
 or ``fairseq-train DATA --user-dir ... --task sentence_encoding --arch mtsa_encoder ...`` (sentence encoders).
-``--user-dir`` imports this package, then every module of ``tasks/`` and ``models/``, which register the plugin;
-in a Python session, ``import mtsa_fairseq.plugin`` does the same. Importing the package itself loads neither
-torch nor fairseq, so the experiment commands (``mtsa_fairseq.experiments``) start at once.
-"""
+``--user-dir`` imports this package, then every module of ``tasks/`` and ``models/``, which register the plugin
+(as ``import mtsa_fairseq.plugin`` does); the package itself loads neither torch nor fairseq, so the experiment
+commands (``mtsa_fairseq.experiments``) start at once."""
 
 from . import quiet_imports  # noqa: F401  (before anything imports fairseq)
 

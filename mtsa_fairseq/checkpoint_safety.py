@@ -1,10 +1,8 @@
-"""Safe loading of fairseq checkpoints under torch >= 2.6 (``torch.load(weights_only=True)``).
-
-Importing the plugin's models allow-lists exactly the classes fairseq checkpoints pickle (the training
-``argparse.Namespace``, numpy arrays and scalars of the metrics state) and the numeric dtypes
-(:func:`load_checkpoint` allows them for one load); every other global in a crafted file is still refused. Never
-set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``. Why: docs/installation.md (Checkpoints under torch >= 2.6).
-"""
+"""Safe loading of fairseq checkpoints under torch >= 2.6 (``torch.load(weights_only=True)``): importing the plugin's
+models allow-lists exactly the classes fairseq checkpoints pickle (the training ``argparse.Namespace``, numpy arrays
+and scalars of the metrics state) and the numeric dtypes (:func:`load_checkpoint` allows them for one load); every
+other global in a crafted file is still refused. Never set ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``; why:
+docs/installation.md (Checkpoints under torch >= 2.6)."""
 
 from __future__ import annotations
 
@@ -32,10 +30,8 @@ def allow_fairseq_checkpoints() -> None:
 
 def load_checkpoint(path: str | Path) -> Any:
     """``torch.load`` of a fairseq checkpoint on CPU, memory-mapped, ``weights_only`` with
-    :data:`FAIRSEQ_CHECKPOINT_GLOBALS` allowed for this load.
-
-    Only the classes not yet allowed enter the temporary allow-list: torch's ``safe_globals`` context removes
-    what it added on exit, even classes :func:`allow_fairseq_checkpoints` had allowed for the whole process."""
+    :data:`FAIRSEQ_CHECKPOINT_GLOBALS` allowed for this load: only those not yet allowed, as torch's ``safe_globals``
+    removes on exit what it added, even classes :func:`allow_fairseq_checkpoints` had allowed for the process."""
     allowed = torch.serialization.get_safe_globals()
     with torch.serialization.safe_globals([g for g in FAIRSEQ_CHECKPOINT_GLOBALS if g not in allowed]):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

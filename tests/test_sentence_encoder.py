@@ -1,5 +1,5 @@
 """The sentence-encoder model (mtsa_fairseq/models/sentence_encoder.py): parameter counts, heads, padding and pairs
-(no training; see test_sentence_tasks.py)."""
+(no training; see test_sentence_encoding_task.py)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Loss of the sentence-encoder tasks: the authors' objective plus their L2 term.
-
-Classification (docs/reference.md §3.1 step 5): mean softmax cross-entropy + ``wd * sum(W^2) / 2`` over the
-weights (not embeddings, not biases), added ``nsentences`` times as fairseq divides by the sentences. Relatedness
-(SICK): ``KL(t || p)`` to Tai et al.'s (2015) sparse target distribution. Logged: accuracy, or MSE and Pearson r,
-and the L2 term. The formulas are in docs/sentence-tasks.md (Task and criterion).
-"""
+"""Loss of the sentence-encoder tasks (formulas: docs/sentence-tasks.md, Task and criterion). Classification
+(docs/reference.md §3.1 step 5): mean softmax cross-entropy + ``wd * sum(W^2) / 2`` over the weights (not embeddings,
+not biases), added ``nsentences`` times as fairseq divides by the sentences; relatedness (SICK): ``KL(t || p)`` to
+Tai et al.'s (2015) sparse target distribution. Logged: accuracy, or MSE and Pearson r, and the L2 term."""
 
 from __future__ import annotations
 

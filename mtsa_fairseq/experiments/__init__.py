@@ -1,12 +1,10 @@
 """Experiment tooling: data preparation, training launchers, scoring, significance tests and benchmarks.
 
-``fairseq-train --user-dir mtsa_fairseq`` never loads this subpackage (tests/test_plugin_imports.py): the
-plugin (``modules``, ``models``, ``tasks``, ``criterions``) stands alone, and the tooling imports it, not the
-other way round. ``translation`` and ``sentence`` hold the two experiment stacks, ``bench`` the benchmarks'
-measurement helpers; ``processes`` (locks, child processes, progress) and ``significance`` serve both stacks,
-and ``mtsa_fairseq.contracts`` holds the file formats both rooms share. ``configs/`` holds the training and task
-configs (package data; the checkout's top-level ``configs`` is a link to it).
-"""
+``fairseq-train --user-dir mtsa_fairseq`` never loads this subpackage (tests/test_plugin_imports.py): the plugin
+(``modules``, ``models``, ``tasks``, ``criterions``) stands alone, and the tooling imports it. ``translation`` and
+``sentence`` hold the two experiment stacks, ``bench`` the benchmarks' helpers, the modules here the layer both
+stacks share, ``mtsa_fairseq.contracts`` their file formats, and ``configs/`` the training and task configs (package
+data; the checkout's top-level ``configs`` is a link to it)."""
 
 import sys
 from pathlib import Path

@@ -1,10 +1,7 @@
-"""Average the parameters of several fairseq checkpoints (e.g. the last N interval checkpoints of a run).
-
-Floating-point parameters are summed in float64 and cast back to their dtype; everything else (integer
-buffers, the saved config, optimizer history, extra state) is taken from the newest checkpoint, the one
-with the most updates. Checkpoints are read with ``torch.load(weights_only=True)``, with what fairseq
-checkpoints pickle allow-listed (``mtsa_fairseq.checkpoint_safety``).
-"""
+"""Average the parameters of several fairseq checkpoints (e.g. a run's last N interval checkpoints): floating-point
+parameters are summed in float64 and cast back to their dtype, everything else (integer buffers, config, optimizer
+history) is the newest checkpoint's (the most updates). Checkpoints are read with ``torch.load(weights_only=True)``
+(:mod:`mtsa_fairseq.checkpoint_safety`)."""
 
 from __future__ import annotations
 
@@ -34,11 +31,7 @@ def last_checkpoints(directory: str | Path, n: int, kind: str = "update") -> lis
     if not directory.is_dir():
         raise AverageError(f"{directory} is not a directory")
     pattern = UPDATE_CHECKPOINT if kind == "update" else EPOCH_CHECKPOINT
-    found = []
-    for path in directory.iterdir():
-        match = pattern.match(path.name)
-        if match:
-            found.append((int(match.groups()[-1]), path))
+    found = [(int(match.groups()[-1]), path) for path in directory.iterdir() if (match := pattern.match(path.name))]
     if len(found) < n:
         names = "checkpoint_<epoch>_<update>.pt" if kind == "update" else "checkpoint<epoch>.pt"
         raise AverageError(f"{directory} has {len(found)} {names} files, fewer than the {n} to average")
@@ -94,10 +87,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         if newest is None or num_updates(state) >= num_updates(newest):
             newest = state
     assert newest is not None
-    newest["model"] = {
-        key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value
-        for key, value in newest["model"].items()
-    }
+    newest["model"] = {key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value
+                       for key, value in newest["model"].items()}
     return newest
 
 

@@ -1,7 +1,6 @@
 """``fairseq-train``'s command line, for both experiment stacks: config files read as YAML mappings, ``{key: value}``
-options turned into arguments (``key: value`` becomes ``--key value``, ``true`` a bare flag, ``false``/``null``
-nothing, and a list ``--key v1 v2 ...``), and the arguments checked with fairseq's own training parser, the plugin
-loaded."""
+options turned into arguments (``key: value`` becomes ``--key value``, ``true`` a bare flag, ``false``/``null`` nothing,
+and a list ``--key v1 v2 ...``), and the arguments checked with fairseq's own training parser, the plugin loaded."""
 
 from __future__ import annotations
 

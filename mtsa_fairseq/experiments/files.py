@@ -61,10 +61,8 @@ def readable_json(path: str | Path) -> bool:
 
 @contextlib.contextmanager
 def staging_dir(out: Path) -> Iterator[Path]:
-    """A new hidden sibling of ``out`` to build it in (the caller renames it into place; otherwise it is removed).
-
-    A lock on ``out``'s staging is held meanwhile: a second preparation of the same output is refused while one
-    is live, and the temporaries that killed preparations left behind are removed first."""
+    """A new hidden sibling of ``out`` to build it in (the caller renames it into place; otherwise it is removed),
+    under a lock that refuses a second live preparation of ``out``; killed preparations' temporaries go first."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with RunLock(out.parent / f".{out.name}.lock", f"output {out}", "preparation").acquire(DataError):
         for stale in out.parent.glob(f".{out.name}.tmp-*"):

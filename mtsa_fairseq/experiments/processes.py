@@ -1,9 +1,7 @@
-"""Child processes that never outlive their launcher, and one writer per output.
-
-:class:`RunLock` is an exclusive ``flock`` lock that a launcher takes and its child processes inherit;
-:func:`child_options` ties children to the launcher's life and :func:`terminate_on_sigterm` turns a ``kill`` of
-the launcher into an exception. How both work is described in docs/experiment.md (One writer per output).
-"""
+"""Child processes that never outlive their launcher, and one writer per output (docs/experiment.md, One writer per
+output): :class:`RunLock` is an exclusive ``flock`` lock that a launcher takes and its child processes inherit;
+:func:`child_options` ties children to the launcher's life and :func:`terminate_on_sigterm` turns a ``kill`` of the
+launcher into an exception."""
 
 from __future__ import annotations
 
@@ -123,10 +121,9 @@ def terminate_on_sigterm() -> None:
 
 @contextlib.contextmanager
 def interruptions_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back for the block (in the main thread; elsewhere Python runs no handler): a
-    record written on the way out of an interruption is written whole when a second one arrives meanwhile
-    (Ctrl-C twice; a launcher's death signal just after its output pipe broke). A held signal is delivered when
-    the block ends, to the handler that was in place."""
+    """Hold SIGINT and SIGTERM back for the block (in the main thread), so that a record written on the way out of
+    an interruption is whole when a second one arrives meanwhile (Ctrl-C twice); a held signal is delivered when the
+    block ends, to the handler that was in place."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -154,12 +151,10 @@ def find_executable(name: str) -> str:
 
 
 def run_command(main: Callable[[], None], resumes: bool = True, errors: tuple[type[Exception], ...] = ()) -> None:
-    """Run a command's ``main`` so that SIGTERM and Ctrl-C stop its children (the handlers on the way out do)
-    and end it with one line and the shell's exit status for the signal (143, 130) instead of a traceback;
-    an environment failure (a full disk, a directory that vanished, permissions), an output another process
-    holds (:class:`LockBusy`) or one of the command's ``errors`` (bad input, its message naming the problem) is
-    one line and status 1. The line says whether rerunning the command resumes it (``resumes``) or starts it
-    again (the benchmarks)."""
+    """Run a command's ``main``: SIGTERM and Ctrl-C stop its children and end it with one line (saying whether a
+    rerun ``resumes`` or starts again) and the shell's status for the signal (143, 130), not a traceback; an
+    environment failure (full disk, vanished directory, permissions), a :class:`LockBusy` output or one of the
+    command's ``errors`` (bad input) is one line and status 1."""
     terminate_on_sigterm()
     try:
         main()
@@ -184,12 +179,10 @@ def run_logged(command: list[str], log_path: Path | None, env: Mapping[str, str]
                on_line: Callable[[str], None] | None = None,
                ignored: tuple[int, ...] = ()) -> tuple[int, float, str]:
     """Run ``command`` holding ``lock``, appending its output to ``log_path`` (if given) and to stdout (if
-    ``echo``), and passing each line to ``on_line`` (e.g. an :class:`UpdateProgress`); the child ignores the
-    ``ignored`` signals (:func:`child_options`) and, a Python child, writes unbuffered (``PYTHONUNBUFFERED=1``
-    unless ``env`` says otherwise), so its lines reach the log in the order written. Any exception here
-    (Ctrl-C, :class:`Terminated`) stops the child's process group (:func:`stop_group`) and logs what the child
-    wrote until it ended before it propagates. Returns the exit status, the peak resident set in MB of the
-    largest process of the child's tree (``ru_maxrss``) and the output of this session."""
+    ``echo``) and passing each line to ``on_line``; the child ignores the ``ignored`` signals and, a Python child,
+    writes unbuffered (unless ``env`` says otherwise). Any exception here (Ctrl-C, :class:`Terminated`) stops the
+    child's process group and logs the rest of its output before it propagates. Returns the exit status, the peak
+    resident set in MB of the largest process of the child's tree (``ru_maxrss``) and the session's output."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                             **child_options(lock, ignored))
@@ -256,9 +249,8 @@ _NUM_UPDATES = re.compile(r"num_updates[= ](\d+)")
 
 class UpdateProgress:
     """Reads fairseq-train's output lines and reports, at most every ``every`` seconds and once when the budget is
-    reached, ``[progress] LABEL: 150/300 updates (50%), 01:02 elapsed, ETA 01:02`` (tqdm's meter, one line per
-    report because the output goes to logs and pipes; the rate is this session's, so a resumed run's ETA does not
-    count the updates it started with)."""
+    reached, ``[progress] LABEL: 150/300 updates (50%), 01:02 elapsed, ETA 01:02`` (tqdm's meter, one line a report;
+    the rate is this session's, so a resumed run's ETA leaves out the updates it started with)."""
 
     def __init__(self, label: str, total: int, done: int = 0, every: float = 30.0,
                  write: Callable[[str], None] = print):

@@ -33,8 +33,6 @@ _WPS = re.compile(r"\| train_inner \| .*\bwps=([0-9.]+)")
 _TRAIN_LOSS = re.compile(r"\| train(?:_inner)? \| .*?\bloss[= ](-?[0-9.]+(?:e[-+]?[0-9]+)?|-?inf|nan)\b")
 DIVERGENCE_RATIO = 1.5  # a run whose last training loss exceeds its first by this factor diverged
 _LOGGED_UPDATES = re.compile(r"\bnum_updates[= ](\d+)")
-
-
 FAIRSEQ_EARLY_STOP = "early stop since valid performance hasn't improved"  # fairseq_cli.train, --patience
 
 
@@ -48,9 +46,8 @@ def previous_run(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_run(run_dir: Path, record: dict[str, Any]) -> None:
-    """Write run.json atomically, its paths relative to ``run_dir``
-    (:func:`~mtsa_fairseq.contracts.run_record_to_write`): a failed write (a full disk) leaves the previous record
-    whole."""
+    """Write run.json atomically (a failed write leaves the previous record whole), its paths relative to
+    ``run_dir`` (:func:`~mtsa_fairseq.contracts.run_record_to_write`)."""
     write_json(Path(run_dir) / "run.json", run_record_to_write(run_dir, record))
 
 
@@ -89,13 +86,10 @@ def mean_train_wps(log_text: str) -> float | None:
 
 
 def resume_point(run_dir: Path, log: Callable[[str], None] = print) -> tuple[int, dict[str, Any]]:
-    """The update a run resumes from, repairing an unreadable ``checkpoint_last.pt`` first.
-
-    fairseq fills ``checkpoint_last.pt`` by copying the checkpoint it has just written, so a full disk or a
-    crash can leave it truncated, and fairseq then refuses to resume for good. Such a file is moved aside
-    (``checkpoint_last.pt.unreadable-<time>``, never deleted) and the newest readable interval or epoch
-    checkpoint is copied into its place (atomically), from which fairseq resumes; with none, the run starts
-    over. Returns the update and what to add to run.json (``resumed_from``, ``unreadable_checkpoint``)."""
+    """The update a run resumes from. An unreadable ``checkpoint_last.pt`` (fairseq fills it by copying, so a full
+    disk or a crash can truncate it, and fairseq then never resumes) is moved aside (:func:`move_aside`) and the
+    newest readable interval or epoch checkpoint copied into its place; with none, the run starts over. Returns the
+    update and what to add to run.json (``resumed_from``, ``unreadable_checkpoint``)."""
     run_dir = Path(run_dir)
     last = run_dir / "checkpoint_last.pt"
     if not last.exists():
@@ -131,13 +125,9 @@ def move_aside(path: Path, why: str = "unreadable") -> Path:
 
 
 def best_repair(run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Prepare an unreadable ``checkpoint_best.pt`` for retraining; what to add to run.json (empty if it is
-    readable or absent).
-
-    A later checkpoint cannot rebuild the best one, and training repeats itself under its seed, so the run trains
-    again from scratch to its budget, which writes the best checkpoint anew: ``checkpoint_best.pt`` is moved aside
-    (:func:`move_aside`) and so is ``checkpoint_last.pt`` (as ``.superseded-<time>``), from which fairseq would
-    resume."""
+    """Prepare an unreadable ``checkpoint_best.pt`` for training again from scratch (no later checkpoint can rebuild
+    it; training repeats itself under its seed): it and ``checkpoint_last.pt`` (``.superseded-<time>``) are moved
+    aside. Returns what to add to run.json (empty if the best checkpoint is readable or absent)."""
     best, last = Path(run_dir) / "checkpoint_best.pt", Path(run_dir) / "checkpoint_last.pt"
     if not best.exists() or checkpoint_updates(best) is not None:
         return {}
@@ -150,11 +140,8 @@ def best_repair(run_dir: Path, log: Callable[[str], None] = print) -> dict[str, 
 
 
 def interval_snapshots(run_dir: Path, every: int) -> list[Path]:
-    """The checkpoints of ``run_dir`` taken at multiples of ``every`` updates, oldest first, one per update.
-
-    fairseq writes ``checkpoint_<epoch>_<update>.pt`` every ``--save-interval-updates`` updates except when
-    that update also ends an epoch: then the state is saved only as ``checkpoint<epoch>.pt`` (unless
-    ``--no-epoch-checkpoints``) and ``checkpoint_last.pt``, so all three kinds are looked at."""
+    """The checkpoints of ``run_dir`` taken at multiples of ``every`` updates, oldest first, one per update: interval,
+    epoch and last checkpoints alike (fairseq saves an interval that ends an epoch only as the epoch's and the last)."""
     found: dict[int, Path] = {}
     for path in sorted(Path(run_dir).glob("checkpoint*.pt"), key=lambda p: (p.name == "checkpoint_last.pt", p.name)):
         if not (UPDATE_CHECKPOINT.match(path.name) or EPOCH_CHECKPOINT.match(path.name)
@@ -178,10 +165,9 @@ def is_done(record: dict[str, Any] | None, max_update: int) -> bool:
 def close_session(run_dir: Path, status: str = "interrupted", peak_rss_mb: float | None = None,
                   **fields: Any) -> None:
     """End the session that run.json says is running: ``status`` (interrupted, requeued, failed) and ``fields``,
-    the session's time (from its ``started_at``) added to ``wall_seconds``, its peak memory kept, with Ctrl-C and
-    SIGTERM held back until it is written. Best effort: it runs while an interruption or a failure propagates,
-    which a full disk must not replace (the record then keeps its previous state, and the next launch reads the
-    checkpoints, not the record)."""
+    its time added to ``wall_seconds``, its peak memory kept, Ctrl-C and SIGTERM held back until written. Best
+    effort: it runs while an interruption or a failure propagates, which a full disk must not replace (the next
+    launch reads the checkpoints, not the record)."""
     path = Path(run_dir) / "run.json"
     try:
         with interruptions_held():
@@ -303,12 +289,11 @@ class Session:
 @contextlib.contextmanager
 def session(run_dir: Path, base: dict[str, Any] | None, label: str, log: Callable[[str], None] = print,
             cpu: bool = False, log_name: str = "train.log", **fields: Any) -> Iterator[Session]:
-    """Record a training session of ``run_dir`` as running, for the block it guards: the update it resumes from
-    (an unreadable ``checkpoint_last.pt`` repaired first, :func:`resume_point`), ``base`` (the launcher's record;
-    None: the one run.json holds, as a Slurm job finds it) with ``fields``, the time and peak memory of the earlier
-    sessions, and on CPU the kernels per start (:func:`cpu_kernels_for_start`). ``label`` names the run in what it
-    ``log``s. An exception leaving the block records the session interrupted (:func:`close_session`) and
-    propagates; the block ends it with :meth:`Session.finish` or :func:`close_session`."""
+    """Record a training session of ``run_dir`` as running for the block it guards: the update it resumes from
+    (:func:`resume_point`), ``base`` (the launcher's record; None: run.json's, as a Slurm job finds it) with
+    ``fields``, the earlier sessions' time and peak memory, and on CPU the kernels per start. ``label`` names the run
+    in what it ``log``s. An exception leaving the block records the session interrupted and propagates; the block
+    ends it with :meth:`Session.finish` or :func:`close_session`."""
     run_dir = Path(run_dir)
     done, repair = resume_point(run_dir, lambda line: log(f"{label}: {line}"))
     previous = previous_run(run_dir)

@@ -1,10 +1,7 @@
-"""fairseq's Transformer with MTSA as the encoder self-attention (docs/reference.md §1), and
-optionally as the decoder self-attention (causal, with cached incremental decoding).
-
-Everything else is fairseq's own: the model, encoder, decoder and layer classes are extended through
-their hooks (``build_encoder``/``build_decoder``, ``build_encoder_layer``/``build_decoder_layer``,
-``build_self_attention``), and each architecture takes every default of its fairseq counterpart.
-"""
+"""fairseq's Transformer with MTSA as the encoder self-attention (docs/reference.md §1), and optionally as the
+decoder self-attention (causal, with cached incremental decoding). Everything else is fairseq's own, extended through
+its hooks (``build_encoder``/``build_decoder``, ``build_encoder_layer``/``build_decoder_layer``,
+``build_self_attention``); each architecture takes every default of its fairseq counterpart."""
 
 from __future__ import annotations
 
@@ -55,23 +52,15 @@ def mtsa_option(cfg: Namespace | TransformerConfig, name: str) -> Any:
     return option_value(cfg, _BY_DEST[name])
 
 
-def _mtsa_attention(
-    layer: nn.Module, embed_dim: int, num_heads: int, cfg: TransformerConfig, **masks: bool
-) -> MTSAMultiheadAttention:
+def _mtsa_attention(layer: nn.Module, embed_dim: int, num_heads: int, cfg: TransformerConfig,
+                    **masks: bool) -> MTSAMultiheadAttention:
     """MTSA with the ``--mtsa-*`` options shared by encoder and decoder, and the layer's quant-noise."""
     hidden = mtsa_option(cfg, "mtsa_s2t_hidden_activation")
     return MTSAMultiheadAttention(
-        embed_dim,
-        num_heads,
-        dropout=cfg.attention_dropout,
-        q_noise=layer.quant_noise,
-        qn_block_size=layer.quant_noise_block_size,
-        s2t_input=mtsa_option(cfg, "mtsa_s2t_input"),
-        s2t_activation=mtsa_option(cfg, "mtsa_s2t_activation"),
-        s2t_bias_init=mtsa_option(cfg, "mtsa_s2t_bias_init"),
-        s2t_hidden_activation=None if hidden == "none" else hidden,
-        kernel=mtsa_option(cfg, "mtsa_kernel"),
-        **masks,
+        embed_dim, num_heads, dropout=cfg.attention_dropout, q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size, s2t_input=mtsa_option(cfg, "mtsa_s2t_input"),
+        s2t_activation=mtsa_option(cfg, "mtsa_s2t_activation"), s2t_bias_init=mtsa_option(cfg, "mtsa_s2t_bias_init"),
+        s2t_hidden_activation=None if hidden == "none" else hidden, kernel=mtsa_option(cfg, "mtsa_kernel"), **masks,
     )
 
 
@@ -91,10 +80,8 @@ class MTSAEncoderLayer(TransformerEncoderLayerBase):
             return super().build_self_attention(embed_dim, cfg)
         bi_directional = mtsa_option(cfg, "mtsa_bi_directional")
         if bi_directional and cfg.encoder.attention_heads % 2:
-            raise ValueError(
-                "--mtsa-bi-directional splits the heads into forward and backward halves and needs an even "
-                f"--encoder-attention-heads, got {cfg.encoder.attention_heads}"
-            )
+            raise ValueError("--mtsa-bi-directional splits the heads into forward and backward halves and needs an "
+                             f"even --encoder-attention-heads, got {cfg.encoder.attention_heads}")
         return _mtsa_attention(self, embed_dim, cfg.encoder.attention_heads, cfg, bi_directional=bi_directional)
 
 
@@ -102,31 +89,26 @@ class MTSADecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer; with ``--decoder-self-attention-type mtsa`` its self-attention is a
     causal :class:`MTSAMultiheadAttention` (encoder-decoder attention stays fairseq's)."""
 
-    def build_self_attention(
-        self, embed_dim: int, cfg: TransformerConfig, add_bias_kv: bool = False, add_zero_attn: bool = False
-    ) -> nn.Module:
+    def build_self_attention(self, embed_dim: int, cfg: TransformerConfig, add_bias_kv: bool = False,
+                             add_zero_attn: bool = False) -> nn.Module:
         if mtsa_option(cfg, "decoder_self_attention_type") != "mtsa":
             return super().build_self_attention(embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         if cfg.cross_self_attention or add_bias_kv or add_zero_attn:
-            raise ValueError(
-                "--decoder-self-attention-type mtsa is a plain causal self-attention: it cannot be combined with "
-                "--cross-self-attention, add_bias_kv or add_zero_attn"
-            )
+            raise ValueError("--decoder-self-attention-type mtsa is a plain causal self-attention: it cannot be "
+                             "combined with --cross-self-attention, add_bias_kv or add_zero_attn")
         activation = mtsa_option(cfg, "mtsa_s2t_activation")
         if not activation.endswith("sigmoid"):
-            raise ValueError(
-                "--decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or scaled_sigmoid, got "
-                f"{activation}: exp source2token weights are shifted by a sequence-wide maximum, which is not causal"
-            )
+            raise ValueError("--decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or "
+                             f"scaled_sigmoid, got {activation}: exp source2token weights are shifted by a "
+                             "sequence-wide maximum, which is not causal")
         return _mtsa_attention(self, embed_dim, cfg.decoder.attention_heads, cfg, causal=True)
 
 
 class TransformerMTSAEncoder(TransformerEncoder):
     """fairseq's encoder with :class:`MTSAEncoderLayer` layers, whose pass reads fairseq's ``has_pads`` on the host
-    once, not before every layer. Outside TorchScript and torch.compile its MTSA layers share one
-    :class:`~mtsa_fairseq.modules.mtsa_core.SharedPass` (one key mask, and one host read after the pass of whether a
-    layer's linear-space products underflowed); from the first layer that underflowed on, the layers run again, each
-    with its own check (docs/kernel.md, "Large activations")."""
+    once, not before every layer. Outside TorchScript and torch.compile its MTSA layers share one ``SharedPass`` (one
+    key mask, one host read after the pass of whether a layer's products underflowed); from the first layer that
+    underflowed on, the layers run again, each with its own check (docs/kernel.md, "Large activations")."""
 
     def build_encoder_layer(self, args: Namespace) -> nn.Module:
         cfg = TransformerConfig.from_namespace(args)

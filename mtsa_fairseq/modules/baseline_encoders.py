@@ -1,10 +1,8 @@
 """Baseline sentence encoders of the DiSAN paper (Shen et al., AAAI 2018, section "Baselines"), each followed by
-multi-dimensional source2token pooling (docs/reference.md §2.6). Every encoder has ``output_dim`` (the sentence
-vector's width) and maps ``x [B, L, input_dim]`` with ``key_padding_mask [B, L]`` (bool, True = pad, or None) to
-``[B, output_dim]``. Padding never influences real tokens, so a sentence encodes to the same vector alone, left-
-or right-padded. ``dropout`` applies to each encoder's inputs and to the pooling layers' inputs;
-``pool_activation`` is the pooling's hidden activation (reference §2.6).
-"""
+multi-dimensional source2token pooling (docs/reference.md §2.6; hidden activation ``pool_activation``). Every encoder
+has ``output_dim`` and maps ``x [B, L, input_dim]`` with ``key_padding_mask [B, L]`` (bool, True = pad, or None) to
+``[B, output_dim]``; padding never influences real tokens (a sentence encodes the same alone, left- or right-padded).
+``dropout`` applies to each encoder's inputs and to the pooling layers' inputs."""
 
 from __future__ import annotations
 
@@ -136,11 +134,10 @@ def authors_positional_encoding(positions: Tensor, dim: int, dtype: torch.dtype)
 
 
 class MultiHeadEncoder(_PooledEncoder):
-    """The papers' multi-head attention baseline as the authors' code computes it (BiBloSA's
-    ``multi_head_attention``, reference §4.5: ``num_heads`` 8 of ``head_dim`` 75, one bias-free weight
-    ``W [3, heads, d_in, units]``, no output projection, residual or layer norm; ``dropout`` is ``1 - keep``
-    on the input copies, the attention probabilities and the pooling). Positions count real tokens and padded
-    query rows are zeroed (reference §4.5, last paragraph)."""
+    """The papers' multi-head attention baseline as the authors' code computes it (BiBloSA's ``multi_head_attention``,
+    reference §4.5: ``num_heads`` 8 of ``head_dim`` 75, one bias-free weight ``W [3, heads, d_in, units]``, no output
+    projection, residual or layer norm; ``dropout`` is ``1 - keep`` on the input copies, the attention probabilities
+    and the pooling). Positions count real tokens and padded query rows are zeroed (reference §4.5, last paragraph)."""
 
     def __init__(self, input_dim: int, num_heads: int = 8, head_dim: int = 75, dropout: float = 0.0,
                  pool_activation: str = "elu"):
@@ -172,12 +169,11 @@ class MultiHeadEncoder(_PooledEncoder):
 
 
 class ProjectedMultiHeadEncoder(_PooledEncoder):
-    """A multi-head attention baseline built from ``nn.MultiheadAttention`` (Vaswani et al.'s encoding, biased
-    in- and output projections), the project's first, kept to reproduce the results measured with it
-    (``multi_head_proj_encoder``); :class:`MultiHeadEncoder` is the authors'. With ``head_dim`` (None:
-    ``input_dim / num_heads``) the encoded input is first mapped to ``num_heads * head_dim``. Positions count
-    real tokens, padded keys are masked and padded outputs zeroed (a fully padded row attends over its padded
-    keys to stay NaN-free)."""
+    """The project's first multi-head baseline, from ``nn.MultiheadAttention`` (Vaswani et al.'s encoding, biased in-
+    and output projections), kept for the results measured with it; :class:`MultiHeadEncoder` is the authors'. With
+    ``head_dim`` (None: ``input_dim / num_heads``) the encoded input is first mapped to ``num_heads * head_dim``.
+    Positions count real tokens, padded keys are masked and padded outputs zeroed (a fully padded row attends over
+    its padded keys to stay NaN-free)."""
 
     def __init__(self, input_dim: int, num_heads: int = 8, head_dim: int | None = None, dropout: float = 0.0,
                  pool_activation: str = "elu"):

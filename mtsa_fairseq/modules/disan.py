@@ -1,9 +1,8 @@
-"""DiSAN (Shen et al., AAAI 2018): directional self-attention blocks and multi-dimensional source2token pooling,
-as the authors' code computes them (docs/reference.md §2.6, §4.1 with the formulas, and §6), but without their
+"""DiSAN (Shen et al., AAAI 2018): directional self-attention blocks and multi-dimensional source2token pooling, as
+the authors' code computes them (docs/reference.md §2.6, §4.1 with the formulas, and §6), but without their
 ``[B, L, L, d]`` score tensor: :func:`directional_attention` runs over query chunks, visits only the keys a
-directional mask can allow and recomputes each chunk in a hand-written backward pass, so peak memory is that of
-one chunk. :func:`mtsa_fairseq.modules.mtsa_reference.disa_naive` is the literal version.
-"""
+directional mask can allow and recomputes each chunk in a hand-written backward pass (peak memory: one chunk's).
+:func:`mtsa_fairseq.modules.mtsa_reference.disa_naive` is the literal version."""
 
 from __future__ import annotations
 
@@ -97,14 +96,11 @@ class _DirectionalAttention(torch.autograd.Function):
         return (*(g.to(d) for g, d in zip(grads, ctx.dtypes)), None, None, None)
 
 
-def directional_attention(
-    head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None,
-    direction: str | None, chunk_size: int | None = None,
-) -> Tensor:
-    """``s [B, L, d]`` of a DiSA block from ``head = h' W_2``, ``dep = h' W_1``, ``bias [d]`` and
-    ``values = h``, computed over query chunks (``chunk_size`` queries, default: at most 2**24 scores per
-    chunk) and, for the directional masks, only over the keys before (forward) or after (backward) a
-    chunk; backward recomputes each chunk, so no ``[B, L, L, d]`` tensor ever exists."""
+def directional_attention(head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None,
+                          direction: str | None, chunk_size: int | None = None) -> Tensor:
+    """``s [B, L, d]`` of a DiSA block from ``head = h' W_2``, ``dep = h' W_1``, ``bias [d]`` and ``values = h``,
+    over query chunks of ``chunk_size`` queries (default: at most 2**24 scores) and only the keys a directional mask
+    can allow; backward recomputes each chunk, so no ``[B, L, L, d]`` tensor ever exists."""
     if direction not in DISA_DIRECTIONS:
         raise ValueError(f"direction must be one of {DISA_DIRECTIONS}, got {direction!r}")
     batch, length, dim = values.shape

@@ -1,9 +1,7 @@
-"""MTSA as a drop-in for fairseq's ``MultiheadAttention`` in the NMT setting (docs/reference.md §1).
-
-The q/k/v/out projections are fairseq's own (inherited, same parameter names); MTSA replaces only
-the scaled dot-product core and adds one per-head source2token dense layer ``d_v -> d_v`` with bias:
-``H * (d_v * d_v + d_v)`` parameters (33,280 for d_model 512 and 8 heads, reference §1.6).
-"""
+"""MTSA as a drop-in for fairseq's ``MultiheadAttention`` in the NMT setting (docs/reference.md §1): the q/k/v/out
+projections are fairseq's own (inherited, same parameter names); MTSA replaces only the scaled dot-product core and
+adds one per-head source2token dense layer ``d_v -> d_v`` with bias: ``H * (d_v * d_v + d_v)`` parameters (33,280
+for d_model 512 and 8 heads, reference §1.6)."""
 
 from __future__ import annotations
 
@@ -38,43 +36,31 @@ def shared_pass(shared: SharedPass) -> Iterator[SharedPass]:
 class MTSAMultiheadAttention(MultiheadAttention):
     """Multi-mask tensorized self-attention with fairseq's ``MultiheadAttention`` interface.
 
-    Defaults are what the authors ran (reference §1.3): ``E_R = exp(q.k / sqrt(d_k))`` with key
-    padding only, ``E_S = sigmoid((v W_c + b_c) / sqrt(d_v))`` from one per-head layer on ``v``.
+    Defaults are what the authors ran (reference §1.3): ``E_R = exp(q.k / sqrt(d_k))`` with key padding only,
+    ``E_S = sigmoid((v W_c + b_c) / sqrt(d_v))`` from one per-head layer on ``v``.
 
     Args:
-        embed_dim, num_heads, dropout, bias, q_noise, qn_block_size: as ``MultiheadAttention``;
-            ``dropout`` is the attention dropout ``p`` (``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S``).
+        embed_dim, num_heads, dropout, bias, q_noise, qn_block_size: as ``MultiheadAttention``; ``dropout`` is the
+            attention dropout ``p`` (``keep = sqrt(1 - p)`` on ``E_R`` and ``E_S``).
         s2t_input: ``"v"`` (authors' runs, ``use_k_mtsa=False``) or ``"k"``.
-        s2t_activation: ``scaled_sigmoid`` (default), ``sigmoid``, ``exp``, ``scaled_exp``; the
-            ``scaled_`` forms divide the logits, bias included, by ``sqrt(d_v)``.
+        s2t_activation: ``scaled_sigmoid`` (default), ``sigmoid``, ``exp``, ``scaled_exp``; the ``scaled_`` forms
+            divide the logits, bias included, by ``sqrt(d_v)``.
         s2t_bias_init: initial source2token bias (``bias_start``: 0; Setup 1 used 5).
-        s2t_hidden_activation: ``None`` for the single layer the authors ran, or an activation name
-            (``afn_extra``) for a hidden per-head layer (bias 0) before the output layer.
-        bi_directional: forward masks on the first H/2 heads and backward on the rest, diagonal
-            included (``bi_direction``; off as run).
-        causal: decoder self-attention: every head sees only keys ``i <= j``, and incremental decoding caches
-            ``k``, ``v`` and ``E_S`` (beyond the authors, whose t2t code has no cached MTSA decoding: reference
-            §1.5). Needs a sigmoid source2token activation: the exp forms are shifted by a sequence-wide maximum
-            (reference §8.4), which would let later tokens underflow earlier outputs.
+        s2t_hidden_activation: ``None`` for the single layer the authors ran, or an activation name (``afn_extra``)
+            for a hidden per-head layer (bias 0) before the output layer.
+        bi_directional: forward masks on the first H/2 heads and backward on the rest, diagonal included
+            (``bi_direction``; off as run).
+        causal: decoder self-attention: every head sees only keys ``i <= j``, and incremental decoding caches ``k``,
+            ``v`` and ``E_S`` (beyond the authors' t2t code: reference §1.5). Needs a sigmoid source2token
+            activation: the exp forms are shifted by a sequence-wide maximum (reference §8.4), which would let later
+            tokens underflow earlier outputs.
         kernel: passed to :func:`mtsa_core` (default ``"auto"``; the models' ``--mtsa-kernel``).
     """
 
-    def __init__(
-        self,
-        embed_dim: int,
-        num_heads: int,
-        dropout: float = 0.0,
-        bias: bool = True,
-        q_noise: float = 0.0,
-        qn_block_size: int = 8,
-        s2t_input: str = "v",
-        s2t_activation: str = "scaled_sigmoid",
-        s2t_bias_init: float = 0.0,
-        s2t_hidden_activation: str | None = None,
-        bi_directional: bool = False,
-        causal: bool = False,
-        kernel: str = "auto",
-    ):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, q_noise: float = 0.0,
+                 qn_block_size: int = 8, s2t_input: str = "v", s2t_activation: str = "scaled_sigmoid",
+                 s2t_bias_init: float = 0.0, s2t_hidden_activation: str | None = None, bi_directional: bool = False,
+                 causal: bool = False, kernel: str = "auto"):
         if s2t_input not in S2T_INPUTS:
             raise ValueError(f"s2t_input must be one of {S2T_INPUTS}, got {s2t_input!r}")
         if s2t_activation not in S2T_ACTIVATIONS:
@@ -84,17 +70,14 @@ class MTSAMultiheadAttention(MultiheadAttention):
         if causal and bi_directional:
             raise ValueError("causal attention has its own mask; bi_directional head masks would see the future")
         if causal and not s2t_activation.endswith("sigmoid"):
-            raise ValueError(
-                f"causal MTSA needs a sigmoid source2token activation, got {s2t_activation!r}: exp weights are "
-                "stabilised with a sequence-wide maximum, so later tokens could change earlier outputs"
-            )
+            raise ValueError(f"causal MTSA needs a sigmoid source2token activation, got {s2t_activation!r}: exp "
+                             "weights are stabilised with a sequence-wide maximum, so later tokens could change "
+                             "earlier outputs")
         self.causal = causal
         self.direction = "forward" if causal else "bi" if bi_directional else None
         head_directions(num_heads, self.direction)  # odd head counts fail here, before any allocation
-        super().__init__(
-            embed_dim, num_heads, dropout=dropout, bias=bias, self_attention=True,
-            q_noise=q_noise, qn_block_size=qn_block_size,
-        )
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, self_attention=True, q_noise=q_noise,
+                         qn_block_size=qn_block_size)
         self.s2t_input = s2t_input
         self.s2t_activation = s2t_activation
         self.s2t_scale = 1.0 / math.sqrt(self.head_dim) if s2t_activation.startswith("scaled_") else 1.0
@@ -114,35 +97,22 @@ class MTSAMultiheadAttention(MultiheadAttention):
             x = self.s2t_hidden_fn(self.s2t_hidden(x))
         return self.s2t(x, scale=self.s2t_scale)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None,
-        value: Tensor | None,
-        key_padding_mask: Tensor | None = None,
-        incremental_state: dict[str, dict[str, Tensor | None]] | None = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Tensor | None = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Self-attention over ``query`` (``T x B x C``); returns ``(T x B x C, None)``.
-
-        MTSA's weights are feature-wise (``[B, H, L, L, d_v]``), so no ``[B, L, L]`` attention map is
-        returned. Key padding masks the scores. A causal module takes the decoder's future mask as
-        ``attn_mask`` (checked, then applied by the kernel itself) and ``incremental_state``: the new
-        positions attend to the cached ``k``, ``v`` and ``E_S`` plus themselves. Under ``torch.jit.script``
-        the core is :func:`mtsa_core_scripted` (SDPA, whatever ``kernel`` says).
-        """
+    def forward(self, query: Tensor, key: Tensor | None, value: Tensor | None, key_padding_mask: Tensor | None = None,
+                incremental_state: dict[str, dict[str, Tensor | None]] | None = None, need_weights: bool = True,
+                static_kv: bool = False, attn_mask: Tensor | None = None, before_softmax: bool = False,
+                need_head_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Self-attention over ``query`` (``T x B x C``); returns ``(T x B x C, None)``: MTSA's weights are
+        feature-wise, so there is no ``[B, L, L]`` map. A causal module takes the decoder's future mask as
+        ``attn_mask`` (checked; the kernel applies it) and ``incremental_state`` (the new positions attend to the
+        cached ``k``, ``v`` and ``E_S`` and themselves). Under ``torch.jit.script`` the core is
+        :func:`mtsa_core_scripted` (SDPA, whatever ``kernel`` says)."""
         if key is not None and key is not query or value is not None and value is not key:
             raise ValueError("MTSAMultiheadAttention is a self-attention: pass query = key = value")
         if before_softmax or static_kv:
             raise NotImplementedError("MTSAMultiheadAttention has no before_softmax or static_kv mode")
         if not self.causal and (incremental_state is not None or attn_mask is not None):
-            raise NotImplementedError(
-                "attn_mask and incremental_state need MTSAMultiheadAttention(causal=True) (decoder self-attention)"
-            )
+            raise NotImplementedError("attn_mask and incremental_state need MTSAMultiheadAttention(causal=True) "
+                                      "(decoder self-attention)")
         length, batch, _ = query.shape
         if attn_mask is not None:
             _check_future_mask(attn_mask, length)
@@ -169,10 +139,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
         """``[L, B, H * d]`` -> per-head ``[B, H, L, d]`` (a view)."""
         return x.view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
-    def _extend_cache(
-        self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, s2t: Tensor,
-        key_padding_mask: Tensor | None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    def _extend_cache(self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, s2t: Tensor,
+                      key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Append this step's ``[B, H, T, d]`` keys, values and source2token logits to the cache and return
         the whole prefix. Cached tensors are batch-first, so fairseq's ``reorder_incremental_state``
         (inherited) reorders them for beam search."""

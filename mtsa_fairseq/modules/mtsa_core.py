@@ -16,12 +16,10 @@ P[j, i, l] v[i, l]`` with ``P[j, i, l] ∝ E_R[j, i] E_S[i, l]``. ``E_S`` may co
 (``s2t_activation="exp"`` or ``"sigmoid"``); ``exp(S)`` is then shifted by its maximum over real keys per (batch,
 head, feature), a constant that cancels (reference §8.4).
 
-Every kernel computes these values and is tested against the float64 references (reference §8.2): ``"sdpa"`` (exp:
-``SDPA(q, k, v * E_S') / SDPA(q, k, E_S)``), ``"sdpa-joint"`` (exp without dropout: one SDPA call over ``[v * E_S,
-E_S]``), ``"dense"`` (``E_R`` materialised per query chunk), ``"flex"`` (sigmoid through FlexAttention, without
-dropout), ``"triton"`` (:mod:`.mtsa_triton`) and, under TorchScript, :func:`mtsa_core_scripted`. Rows whose
-linear-space products underflow are recomputed in log space, in float32 or wider; the output has the inputs' dtype.
-Which kernel runs when, the underflow rule and export: docs/kernel.md.
+Every kernel computes these values and is tested against the float64 references (reference §8.2): ``"sdpa"``,
+``"sdpa-joint"``, ``"dense"``, ``"flex"``, ``"triton"`` (:mod:`.mtsa_triton`) and, under TorchScript,
+:func:`mtsa_core_scripted`; the output has the inputs' dtype. What each computes, which runs when, the log-space
+recomputation of rows whose products underflow, and export: docs/kernel.md.
 
 Rows with no allowed key (strict masks at sequence ends, all-padding sequences) return 0, never NaN. Padded
 *queries* are not masked (as in the NMT code); callers zero them when they need to.

@@ -25,10 +25,8 @@ def _token2token(q: Tensor, k: Tensor, token2token: str, mask: Tensor) -> Tensor
     return e_r * mask.to(e_r.dtype)
 
 
-def mtsa_literal(
-    q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None,
-    direction: str | None = None, include_self: bool = True, token2token: str = "exp",
-) -> Tensor:
+def mtsa_literal(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None,
+                 direction: str | None = None, include_self: bool = True, token2token: str = "exp") -> Tensor:
     """``out[j, l] = sum_i P[j, i, l] v[i, l]``, ``P[j, i, l] = E_R[j, i] E_S[i, l] / Z[j, l]``,
     ``Z <- where(Z > 0, Z, 1)``, built as the full ``[B, H, L, L, d_v]`` tensor."""
     batch, heads, length, _ = q.shape
@@ -40,11 +38,9 @@ def mtsa_literal(
     return (weights * v[..., None, :, :]).sum(dim=-2) / z
 
 
-def mtsa_naive(
-    q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None,
-    direction: str | None = None, include_self: bool = True, token2token: str = "exp",
-    dropout_p: float = 0.0, training: bool = False,
-) -> Tensor:
+def mtsa_naive(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None = None,
+               direction: str | None = None, include_self: bool = True, token2token: str = "exp",
+               dropout_p: float = 0.0, training: bool = False) -> Tensor:
     """The authors' ``[B, H, L, L]`` algorithm: ``(E_R' @ (v * E_S')) / guard(E_R @ E_S)``."""
     batch, heads, length, _ = q.shape
     mask = allowed_mask(key_padding_mask, batch, heads, length, direction, include_self, device=q.device)
@@ -58,9 +54,8 @@ def mtsa_naive(
     return torch.matmul(e_r_num, v * s2t_num) / z
 
 
-def disa_naive(
-    head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None, direction: str | None,
-) -> Tensor:
+def disa_naive(head: Tensor, dep: Tensor, bias: Tensor, values: Tensor, key_padding_mask: Tensor | None,
+               direction: str | None) -> Tensor:
     """DiSA's token2token attention as the authors compute it (reference §4.1 steps 3-5): the full
     ``[B, L, L, d]`` logits, ``-1e30`` on illegal pairs, softmax over keys, probabilities re-masked."""
     length = values.shape[1]

@@ -1,17 +1,10 @@
-"""A fused MTSA attention kernel in Triton (FlashAttention-2 style), forward and backward.
+"""A fused MTSA attention kernel in Triton (FlashAttention-2 style), forward and backward, as docs/kernel.md
+describes it (What the Triton kernel computes; reference §8.1-§8.3): no ``[B, H, L, L]`` tensor in either
+direction. Without a GPU the kernels run under ``TRITON_INTERPRET=1`` (set before this module is imported).
 
-Per (batch element, head, query block) the key blocks are streamed once into two fp32 accumulators,
-``Z += P @ E_S`` and ``N += (P * D / keep) @ (v * E_S')``, and ``out = N / Z`` (0 where ``Z = 0``); the backward
-recomputes ``P`` block by block from the saved ``out``, ``Z`` and row maxima (no ``[B, H, L, L]`` tensor). What
-it computes, its masks, dropout, precision and tiles are described in docs/kernel.md (What the Triton kernel
-computes; reference §8.1-§8.3). Without a GPU the kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (the
-variable must be set before this module is imported).
-
-Three tiers, as in flash-attention: the ``@triton.jit`` kernels and the helpers they share (the backward
-kernels' per-block step is ``_block_grads``); the launchers ``_launch_forward`` and ``_launch_backward``
-(buffers, grids, tiles and their autotuning, strides, flags); and ``_MTSAFunction``, which only calls the
-launchers and saves what the backward reads.
-"""
+Three tiers, as in flash-attention: the ``@triton.jit`` kernels and the helpers they share; the launchers
+``_launch_forward`` and ``_launch_backward`` (buffers, grids, tiles and their autotuning, strides, flags); and
+``_MTSAFunction``, which only calls the launchers and saves what the backward reads."""
 
 from __future__ import annotations
 
@@ -32,8 +25,6 @@ LOG2E = tl.constexpr(math.log2(math.e))  # exp(x) = 2^(x log2(e)): the kernels u
 
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels: the `@triton.jit` functions (the kernels and the helpers they share).
-
-
 @triton.jit
 def _allowed(q_pos, k_pos, LK, forward, pad_row, DIRECTIONAL: tl.constexpr, INCLUDE_SELF: tl.constexpr,
              HAS_PAD: tl.constexpr):
@@ -126,10 +117,9 @@ def _program(H, n_forward, BLOCK: tl.constexpr):
 @triton.jit
 def _query_block(Q, b, h, sq_b, sq_h, sq_m, start_m, forward, LQ, LK, DK, offs_dk, DIRECTIONAL: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A per-query-block kernel's start: the block's query indices, which of them are real, its ``q``, its
-    queries' key positions ``[M, 1]`` and the range of keys to visit (a directional head skips the key blocks
-    its rule excludes for the whole block: forward heads see keys up to the block's last query, backward heads
-    from its first)."""
+    """A per-query-block kernel's start: the block's query indices, which of them are real, its ``q``, its queries'
+    key positions ``[M, 1]`` and the range of keys to visit (a directional head skips the key blocks its rule excludes
+    for the whole block: forward heads see keys up to the block's last query, backward heads from its first)."""
     offset = LK - LQ
     offs_m = start_m + tl.arange(0, BLOCK_M)
     rows = offs_m < LQ
@@ -422,8 +412,6 @@ def _launch_backward(q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, pad_
 
 # ---------------------------------------------------------------------------------------------------------------
 # The autograd Function and the public entry.
-
-
 class _MTSAFunction(torch.autograd.Function):
     """The fused forward and backward kernels; returns ``(out, Z)`` with ``Z`` not differentiable."""
 
@@ -446,13 +434,10 @@ def mtsa_triton(
     q: Tensor, k: Tensor, e_s: Tensor, num_values: Tensor, key_padding_mask: Tensor | None,
     direction: str | None, include_self: bool, token2token: str, keep: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """``(out, Z)`` of the fused kernel (docs/kernel.md) for ``q [B, H, L_q, d_k]``, ``k [B, H, L, d_k]``,
-    ``e_s`` (``E_S``, undropped) and ``num_values`` (``v * E_S'``), both ``[B, H, L, d_v]``.
-
-    ``direction``: None, ``"forward"``, ``"backward"`` or ``"bi"`` (first H/2 heads forward, the rest
-    backward); ``keep < 1`` drops ``E_R`` in the numerator with that keep probability. ``Z`` (fp32) is the
-    denominator relative to the row maximum (exp) or as is (sigmoid).
-    """
+    """``(out, Z)`` of the fused kernel (docs/kernel.md) for ``q [B, H, L_q, d_k]``, ``k [B, H, L, d_k]``, ``e_s``
+    (``E_S``, undropped) and ``num_values`` (``v * E_S'``), both ``[B, H, L, d_v]``; ``direction`` as
+    :func:`~.mtsa_core.mtsa_core`'s; ``keep < 1`` drops ``E_R`` in the numerator with that keep probability. ``Z``
+    (fp32) is the denominator relative to the row maximum (exp) or as is (sigmoid)."""
     if q.dtype not in TRITON_DTYPES or {k.dtype, e_s.dtype, num_values.dtype} != {q.dtype}:
         raise ValueError(f"the Triton kernel takes fp16, bf16 or fp32 inputs of one dtype, got {q.dtype}")
     heads = q.shape[1]

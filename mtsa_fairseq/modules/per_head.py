@@ -17,14 +17,8 @@ def _linear(x: Tensor) -> Tensor:
 # The authors' ``afn_name2fn`` / ``activation_name_to_func`` tables (docs/reference.md §1.2, §2.1). Named functions
 # only: TorchScript compiles a module attribute holding one of them, not a lambda.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "linear": _linear,
-    "relu": F.relu,
-    "elu": F.elu,
-    "selu": F.selu,
-    "leaky_relu": F.leaky_relu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "exp": torch.exp,
+    "linear": _linear, "relu": F.relu, "elu": F.elu, "selu": F.selu, "leaky_relu": F.leaky_relu,
+    "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp,
 }
 
 

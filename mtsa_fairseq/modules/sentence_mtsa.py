@@ -13,13 +13,11 @@ from .per_head import PerHeadLinear, activation, glorot_
 
 class SentenceMTSA(nn.Module):
     """Multi-mask tensorized self-attention over ``x [B, L, d_in]`` -> ``[B, L, hn]`` (or ``output_dim``): the
-    API's default path (reference §2.2) with its defaults and options under the names of reference §2.1: per
-    head ``v``, ``q``, ``k`` and source2token logits, ``mtsa_core``, the fusion gate with ``v``, heads
-    concatenated, the optional output layer, padded rows zeroed. Every dense layer's input gets its own dropout
-    (``dense_dropout``), drawn independently per head; ``shared_input_dropout`` (needs ``attn_input="x"``) draws
-    the masks as the accelerated path does (reference §2.3): one on the untiled ``x`` shared by q, k, v and every
-    head, one more, shared by every head, for the source2token layer.
-    """
+    API's default path (reference §2.2) with its defaults and options under the names of reference §2.1 (per head
+    ``v``, ``q``, ``k`` and source2token logits, ``mtsa_core``, fusion gate with ``v``, heads concatenated, optional
+    output layer, padded rows zeroed). Every dense layer's input gets its own dropout (``dense_dropout``), per head;
+    ``shared_input_dropout`` (needs ``attn_input="x"``) draws the masks as the accelerated path does (reference
+    §2.3): one on ``x`` for q, k, v and every head, one for the source2token layer."""
 
     def __init__(self, input_dim: int, hidden_dim: int, num_heads: int = 2, attn_dropout: float = 0.0,
                  dense_dropout: float = 0.0, use_direction: bool = True, attn_self: bool = False,
@@ -82,11 +80,9 @@ class SentenceMTSA(nn.Module):
         """``x [B, L, d_in]``, ``key_padding_mask`` bool ``[B, L]`` (True = pad) -> ``[B, L, d_out]``."""
         batch, length, _ = x.shape
         v, q, k, logits = self._projections(x)
-        out = mtsa_core(
-            q, k, v, logits, key_padding_mask=key_padding_mask, direction=self.direction,
-            include_self=self.attn_self, token2token=self.token2token,
-            dropout_p=self.attn_dropout, training=self.training, s2t_activation="exp",
-        )
+        out = mtsa_core(q, k, v, logits, key_padding_mask=key_padding_mask, direction=self.direction,
+                        include_self=self.attn_self, token2token=self.token2token, dropout_p=self.attn_dropout,
+                        training=self.training, s2t_activation="exp")
         if self.gate is not None:
             g = torch.sigmoid(self._dense(self.gate, torch.cat([v, out], dim=-1)))
             out = g * v + (1.0 - g) * out

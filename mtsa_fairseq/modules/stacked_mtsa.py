@@ -46,11 +46,9 @@ class StackedMTSALayer(nn.Module):
 
 class StackedMTSA(nn.Module):
     """``stacking_mtsa`` (reference §2.5, with its defaults): ``num_layers`` :class:`StackedMTSALayer` s over
-    ``x [B, L, hn]`` (``input_dim`` must equal ``hidden_dim``, None meaning ``input_dim``), optionally followed
-    (``pool``) by multi-dimensional source2token pooling (reference §2.6, hidden activation ``pool_activation``)
-    like the baselines. ``dropout`` is ``1 - residual_keep``; ``dense_dropout`` also applies to the pooling.
-    Padded rows of the per-token output are zeroed.
-    """
+    ``x [B, L, hn]`` (``input_dim`` must equal ``hidden_dim``, None meaning ``input_dim``), optionally (``pool``)
+    pooled like the baselines (reference §2.6, hidden activation ``pool_activation``). ``dropout`` is ``1 -
+    residual_keep``; ``dense_dropout`` also applies to the pooling. Padded rows of the per-token output are zeroed."""
 
     def __init__(self, input_dim: int, hidden_dim: int | None = None, num_heads: int = 8, num_layers: int = 10,
                  dropout: float = 0.2, attn_dropout: float = 0.2, dense_dropout: float = 0.1,
@@ -59,17 +57,14 @@ class StackedMTSA(nn.Module):
         super().__init__()
         hidden_dim = input_dim if hidden_dim is None else hidden_dim
         if input_dim != hidden_dim:
-            raise ValueError(
-                f"StackedMTSA needs input_dim == hidden_dim (residual connections), got {input_dim} != {hidden_dim}"
-            )
+            raise ValueError(f"StackedMTSA needs input_dim == hidden_dim (residual connections), got {input_dim} != "
+                             f"{hidden_dim}")
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         self.output_dim = hidden_dim
-        self.layers = nn.ModuleList(
-            StackedMTSALayer(hidden_dim, num_heads, dropout, attn_dropout, dense_dropout, use_direction, attn_self,
-                             activation_name, token2token)
-            for _ in range(num_layers)
-        )
+        self.layers = nn.ModuleList(StackedMTSALayer(hidden_dim, num_heads, dropout, attn_dropout, dense_dropout,
+                                                     use_direction, attn_self, activation_name, token2token)
+                                    for _ in range(num_layers))
         self.pool = MultiDimSource2Token(hidden_dim, pool_activation, dense_dropout) if pool else None
 
     def encode_tokens(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:

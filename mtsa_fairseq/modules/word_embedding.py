@@ -1,7 +1,6 @@
-"""Word embeddings with the sentence-encoder code's rules (docs/reference.md §3.1; docs/sentence-tasks.md,
-Embeddings) over the dictionary of ``scripts/prepare_sentence_data.py``: special rows constant zeros, training
-words a trainable matrix (pretrained vectors, else the task's ``oov_init``), the other words constant pretrained
-vectors or zeros."""
+"""Word embeddings with the sentence-encoder code's rules (docs/reference.md §3.1; docs/sentence-tasks.md, Embeddings)
+over the dictionary of ``scripts/prepare_sentence_data.py``: special rows constant zeros, training words a trainable
+matrix (pretrained vectors, else the task's ``oov_init``), the other words constant pretrained vectors or zeros."""
 
 from __future__ import annotations
 
@@ -49,10 +48,9 @@ def _spans(num_embeddings: int, first_word: int, num_train_words: int) -> Iterat
 
 class WordEmbedding(nn.Module):
     """``[len(words), dim]`` embedding whose rows ``[first_word, first_word + num_train_words)`` (``first_word``:
-    fairseq's ``Dictionary.nspecial``) are trainable and all others constant buffers (saved in checkpoints).
-    Training words without one of the ``vectors`` (:func:`read_vectors`) start as ``oov_init`` ``"uniform"``
-    U(-a, a) or ``"normal"`` N(0, a^2), ``a`` = ``oov_scale`` (default :data:`OOV_INIT_SCALES`); the
-    ``padding_idx`` row stays zero (named for fairseq's utilities)."""
+    fairseq's ``Dictionary.nspecial``) are trainable and all others constant buffers (saved in checkpoints). Training
+    words without one of the ``vectors`` start as ``oov_init`` ``"uniform"`` U(-a, a) or ``"normal"`` N(0, a^2), ``a``
+    = ``oov_scale`` (default :data:`OOV_INIT_SCALES`); the ``padding_idx`` row stays zero (for fairseq's utilities)."""
 
     def __init__(self, words: list[str], num_train_words: int, first_word: int, dim: int,
                  vectors: dict[str, Tensor] | None = None, oov_init: str = "uniform", padding_idx: int = 1,

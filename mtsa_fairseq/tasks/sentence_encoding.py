@@ -1,12 +1,9 @@
-"""The ``sentence_encoding`` task: classification, sentence pairs by separate encoding, and relatedness.
-
-Reads a directory written by ``scripts/prepare_sentence_data.py``. The manifest's ``kind`` decides what a sample
-holds: ``single`` (one sentence and a class), ``pair`` (SNLI, MultiNLI: premise and hypothesis, each encoded on its
-own) or ``relatedness`` (SICK: two sentences and a 1-5 score). Cross-validation data (CR, MPQA, SUBJ) needs
-``--cv-fold K``: ``train`` is every fold but K, ``valid``/``test`` fold K. Batches hold sentences of similar length,
-reshuffled every epoch. The ``--patience`` count is carried in the checkpoints, so early stopping survives a
-resume (docs/experiment.md, Exact resumes).
-"""
+"""The ``sentence_encoding`` task over a directory of ``scripts/prepare_sentence_data.py``: its manifest's ``kind``
+decides what a sample holds, ``single`` (a sentence and a class), ``pair`` (SNLI, MultiNLI: premise and hypothesis,
+each encoded on its own) or ``relatedness`` (SICK: two sentences and a 1-5 score). Cross-validation data (CR, MPQA,
+SUBJ) needs ``--cv-fold K``: ``train`` is every fold but K, ``valid``/``test`` fold K. Batches hold sentences of
+similar length, reshuffled every epoch; the ``--patience`` count is carried in the checkpoints, so early stopping
+survives a resume (docs/experiment.md, Exact resumes)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
 """Peak memory and time of one forward+backward pass of self-attention, side by side (docs/benchmark-core.md):
 
 * ``mtsa``: :class:`MTSAMultiheadAttention` with ``kernel="auto"`` (two SDPA calls for its exp token2token);
-* ``mtsa-sdpa``, ``mtsa-sdpa-joint`` and ``mtsa-triton``: the same module with the kernel fixed (``mtsa-triton``
-  needs CUDA);
+* ``mtsa-sdpa``, ``mtsa-sdpa-joint`` and ``mtsa-triton`` (CUDA): the same module with the kernel fixed;
 * ``naive``: the same projections with the authors' ``[B, H, L, L]`` algorithm (``mtsa_naive``);
 * ``mha``: fairseq's ``MultiheadAttention``; ``mha-flash``: the MTSA module's projections around one fused
   ``scaled_dot_product_attention`` call, the cost the Triton kernel aims at.
 
 With ``--core`` the ``mtsa-*`` kernels and ``mha-flash`` time ``mtsa_core`` and ``scaled_dot_product_attention``
-alone on per-head ``[B, H, L, d]`` tensors without padding. Each (method, length) runs in a fresh subprocess;
-peak memory and time are measured as :mod:`~mtsa_fairseq.experiments.bench.measure` says (time: the median of
-``--repeats`` passes after a warm-up one). Writes a Markdown table.
+alone on per-head ``[B, H, L, d]`` tensors without padding. Each (method, length) runs in a fresh subprocess (time:
+the median of ``--repeats`` passes after a warm-up one). Writes a Markdown table.
 """
 
 from __future__ import annotations

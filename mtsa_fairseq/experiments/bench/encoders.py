@@ -1,11 +1,10 @@
-"""Time and peak memory of one forward+backward pass of each sentence encoder vs sequence length, as in
-the MTSA paper's Figure 1 / DiSAN's Table 1 (docs/benchmark-encoders.md): batch 64, 300 channels, training mode,
-each ``sentence_encoder`` architecture as ``fairseq-train --arch`` builds it (without embedding and classifier),
-pooled. Per length, peak memory is measured first, one pass in a fresh process per encoder whose address space may
-grow by at most ``--memory-limit-gb``; an encoder that runs out of memory (OOM) or took longer than
-``--max-seconds`` is not run at longer lengths. Time: median of ``--repeats`` passes, the encoders taking turns,
-after a warm-up round. The JSON is rewritten after every length; ``--from-json`` merges the JSON of several runs
-into one table and plot without measuring.
+"""Time and peak memory of one forward+backward pass of each sentence encoder vs sequence length, as in the MTSA paper's
+Figure 1 / DiSAN's Table 1 (docs/benchmark-encoders.md): batch 64, 300 channels, training mode, each
+``sentence_encoder`` architecture as ``fairseq-train --arch`` builds it (without embedding and classifier), pooled. Per
+length, peak memory is measured first, one pass in a fresh process per encoder whose address space may grow by at most
+``--memory-limit-gb``; an encoder that runs out of memory (OOM) or took longer than ``--max-seconds`` is not run at
+longer lengths. Time: median of ``--repeats`` passes, the encoders taking turns, after a warm-up round. The JSON is
+rewritten after every length; ``--from-json`` merges the JSON of several runs into one table and plot without measuring.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_json
-from mtsa_fairseq.experiments.plotting import pyplot
+from mtsa_fairseq.experiments.plotting import pyplot, save_figure
 
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
             "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
@@ -103,7 +102,7 @@ def plot(result: dict, path: Path) -> None:
     axes[1].legend(fontsize=8, loc="upper left")
     fig.suptitle(textwrap.fill(result["settings"], 160), fontsize=8)
     fig.tight_layout()
-    measure.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def merge(paths: list[Path]) -> dict:
@@ -162,5 +161,3 @@ def report(result: dict, plot_path: Path | None) -> None:
         print(f"{name}: not run at longer lengths ({why})")
     if plot_path:
         plot(result, plot_path)
-
-

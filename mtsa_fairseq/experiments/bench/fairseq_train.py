@@ -5,12 +5,11 @@ drawn as bench_transformer draws them), then trains every ``--archs`` system (an
 fairseq-train options of its own: ``"transformer_mtsa_wmt_en_de --mtsa-kernel sdpa-joint"``) for ``--updates``
 updates at each ``--max-tokens``, each run in a fresh process, the systems alternating (ABBA) over ``--repeats``.
 Throughput: the median of fairseq's ``wps`` over the log intervals after ``--skip-updates``; peak memory: torch's
-peak GPU allocation over the run. ``--profile START END`` also writes, beside each run's log, where the time of
-updates START to END went (host, GPU kernels, launches and synchronisations, Python hot spots; docs/kernel.md).
+peak GPU allocation over the run; ratios: each system's over the first's, printed with every option of the runs.
+``--profile START END`` also writes, beside each run's log, where the time of updates START to END went (host, GPU
+kernels, launches and synchronisations, Python hot spots; docs/kernel.md).
 
   mtsa-bench-fairseq-train --device cuda --precision fp16 --max-tokens 4096 8192 --markdown bench.md
-
-Every option of the runs is printed with the table; ratios are each system's over the first's.
 """
 
 from __future__ import annotations
@@ -92,10 +91,7 @@ def fairseq_args(args: argparse.Namespace, data: Path, system: str, max_tokens: 
 def throughput(log: str, skip_updates: int) -> float:
     """Median ``wps`` of the fairseq ``train_inner`` log lines past ``skip_updates`` updates."""
     values = []
-    for line in log.splitlines():
-        if "train_inner" not in line:
-            continue
-        match = _INNER.search(line)
+    for match in (_INNER.search(line) for line in log.splitlines() if "train_inner" in line):
         if match:
             updates, wps = (match.group(1), match.group(2)) if match.group(1) else (match.group(4), match.group(3))
             if int(updates) > skip_updates:
@@ -165,8 +161,7 @@ def profile_updates(first: int, last: int, report: Path, cuda: bool) -> None:
 
 
 def profile_report(kernels, host: cProfile.Profile, wall: float, inside: float, updates: int) -> str:
-    """The text of a ``--profile`` report: per-update times and counts, then the torch.profiler and cProfile
-    tables."""
+    """A ``--profile`` report: per-update times and counts, then the torch.profiler and cProfile tables."""
     events = kernels.key_averages()
     # kernels only: fairseq's record_function ranges also appear on the GPU timeline, as user annotations
     device_us = sum(e.self_device_time_total for e in events
@@ -278,5 +273,3 @@ def run(args: argparse.Namespace, script: Path) -> None:
             if args.json is not None:
                 write_json(args.json, result)
     print(markdown(result))
-
-

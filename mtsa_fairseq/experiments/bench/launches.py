@@ -1,15 +1,7 @@
-"""What one training step of a layer asks of the host: the aten operators it dispatches to the device, forward and
-backward, and the host synchronisations among them; on CUDA also the kernel launches and synchronisations that
-torch.profiler records.
-
-Operators are counted below autograd (a ``TorchDispatchMode``), so backward operators are seen as the forward's are
-and the count does not depend on the device's speed. An operator counts when it runs a kernel: views and
-allocations (``VIEWS_AND_ALLOCATIONS``) do not. A host synchronisation is an operator whose result the host reads
-(``SYNCHRONISING``: ``bool(t)``, ``t.item()``, ``t.nonzero()``), counted as that and not as an operator. Which
-kernels an operator runs is the backend's choice: on CUDA an operator is one launch or a few; on the CPU
-``scaled_dot_product_attention`` without dropout is one fused operator, with dropout its math fallback of several.
-:func:`measure` counts and times the attention layers of ``mtsa-bench-launches`` side by side, :func:`table`
-renders them, :func:`run` is the command's measurement and output."""
+"""What one training step of a layer asks of the host: the aten operators it dispatches (counted below autograd,
+views and allocations left out), the host synchronisations among them, and on CUDA the kernel launches and
+synchronisations torch.profiler records (docs/benchmark-launches.md, Method). :func:`measure` counts and times the
+layers of ``mtsa-bench-launches`` side by side, :func:`table` renders them, :func:`run` is the command."""
 
 from __future__ import annotations
 
@@ -56,9 +48,8 @@ class OperatorCount(TorchDispatchMode):
 
 
 def count_step(forward: Callable[[], Tensor]) -> dict[str, dict[str, Any]]:
-    """The operators and synchronisations of ``forward()`` and of the backward of its output (seeded with ones
-    made beforehand, so that no loss adds operators): ``{"forward": {"operators": n, "syncs": n, "by_name":
-    {...}, "syncs_by_name": {...}}, "backward": {...}}``."""
+    """The operators and synchronisations of ``forward()`` and of the backward from ones (no loss adds operators):
+    ``{"forward": {"operators": n, "syncs": n, "by_name": {...}, "syncs_by_name": {...}}, "backward": {...}}``."""
     phases = {}
     with OperatorCount() as count:
         out = forward()
@@ -85,7 +76,6 @@ def profile_cuda_step(step: Callable[[], None]) -> dict[str, int]:
 
 
 PADDINGS = ("padded", "unpadded")
-LEVELS = ("layer", "model")
 
 
 def _kernel(name: str) -> str:

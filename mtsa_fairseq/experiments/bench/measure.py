@@ -1,7 +1,7 @@
 """What the benchmarks share: one measurement cell per fresh subprocess (:func:`run_isolated`, the child answering
 through :func:`emit`), side-by-side timing in alternating order, peak memory of one step (CUDA's allocator statistics,
 or on a Linux CPU the resident set's high-water mark, reset through ``/proc/self/clear_refs`` just before the step),
-usage checks, Markdown tables and figures. Importing it imports no torch."""
+usage checks and Markdown tables. Importing it imports no torch."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-
-from mtsa_fairseq.experiments.files import atomic_path
-from mtsa_fairseq.experiments.plotting import pyplot
 
 PROC_STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -63,9 +60,8 @@ class CellFailed(RuntimeError):
 
 
 def run_isolated(script: Path | str, args: list[str], cell: str) -> Any:
-    """Run ``python script *args`` in a fresh process and return the JSON value on the last line of its
-    stdout (written by :func:`emit`); raise :class:`CellFailed` naming ``cell`` (e.g. ``"mtsa at L=512"``)
-    with the end of the child's stderr when it exits with an error or its last line is not JSON."""
+    """Run ``python script *args`` in a fresh process and return the JSON value (:func:`emit`) on its last line of
+    stdout; :class:`CellFailed` names ``cell`` (``"mtsa at L=512"``) and the end of the child's stderr otherwise."""
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0:
@@ -132,9 +128,8 @@ def peak_growth_mb(step: Callable[[], None], device: str) -> float:
 
 
 def warm_up_length(length: int, device: str) -> int:
-    """The length of the pass before a measurement (library initialisation and kernel compilation): on CUDA the
-    measured length itself, so that Triton's autotuning for it (its trials run next to a 256 MB cache-flushing
-    buffer) stays out of the peak; 16 elsewhere."""
+    """The length of the pass before a measurement (initialisation, compilation): on CUDA the measured length itself,
+    so that Triton's autotuning (beside a 256 MB cache-flushing buffer) stays out of the peak; 16 elsewhere."""
     return length if device.startswith("cuda") else 16
 
 
@@ -157,9 +152,8 @@ def synchronize(device: str) -> None:
 
 def timed_rounds(steps: dict[str, Callable[[int], None]], rounds: int, device: str,
                  warmup: bool = True) -> dict[str, list[float]]:
-    """Seconds of ``steps[name](r)`` for rounds ``r = 1 .. rounds`` after a warm-up round 0 (skipped with
-    ``warmup=False``, for a process that has already run the steps). The steps take turns within each
-    round, in reversed order every other round (ABBA), so that all of them see the same machine load."""
+    """Seconds of ``steps[name](r)`` for rounds ``r = 1 .. rounds`` after a warm-up round 0 (unless ``warmup=False``),
+    the steps taking turns within each round, in reversed order every other round (ABBA): the same machine load."""
     names = list(steps)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     for r in range(0 if warmup else 1, rounds + 1):
@@ -198,10 +192,3 @@ def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
     """A Markdown table of ``header`` and ``rows`` of cells."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
-
-
-def save_figure(fig: Any, path: Path) -> None:
-    """Write the matplotlib figure ``fig`` to ``path`` as a PNG at 110 dpi, atomically, and close it."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    pyplot().close(fig)

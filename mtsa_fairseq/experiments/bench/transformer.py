@@ -3,11 +3,9 @@
 
 1. Encoder: one forward+backward pass of the 6-layer encoder (training mode) on ``--batch`` sentences of length L
    without padding; time: median of ``--repeats`` passes after a warm-up, the models alternating pass by pass;
-   peak memory: one fresh subprocess per (model, L), measured as :mod:`~mtsa_fairseq.experiments.bench.measure`
-   says.
-2. Training throughput: full models, label-smoothed cross-entropy and an Adam step (autocast and loss scaling for
-   float16/bfloat16, as fairseq's ``--amp``) on the same synthetic batches of ``--train-max-tokens``, alternating
-   step by step; target tokens per second.
+   peak memory: one fresh subprocess per (model, L).
+2. Training throughput: full models, label-smoothed cross-entropy and an Adam step (as fairseq's ``--amp`` in
+   float16/bfloat16) on the same synthetic batches of ``--train-max-tokens``, alternating; target tokens per second.
 
 Writes ``--markdown``, ``--json`` and ``--plot`` after every length and again with the training row.
 """
@@ -21,16 +19,15 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_atomic, write_json
-from mtsa_fairseq.experiments.plotting import pyplot
+from mtsa_fairseq.experiments.plotting import pyplot, save_figure
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
 LONGEST_SENTENCE = 100  # training sentences' lengths are drawn in [4, 100]
 
 
 def build_model(arch: str, vocab: int, device: str, dtype: str, kernel: str = "auto"):
-    """A fairseq translation task with a synthetic joined dictionary of ``vocab`` entries, and the
-    model of ``arch`` built through fairseq's own parser, arch defaults and task; its MTSA layers run
-    ``mtsa_core`` with ``kernel``."""
+    """The model of ``arch`` (its MTSA layers on ``kernel``) and its criterion, built through fairseq's own parser,
+    arch defaults and translation task over a synthetic joined dictionary of ``vocab`` entries."""
     import torch
     from fairseq import options, tasks
 
@@ -99,17 +96,14 @@ def training_batches(args: argparse.Namespace) -> list[dict]:
         src[:, -1] = tgt[:, -1] = 2
         prev = torch.cat([torch.full((n, 1), 2), tgt[:, :-1]], 1)
         net_input = {"src_tokens": src, "src_lengths": torch.full((n,), longest), "prev_output_tokens": prev}
-        batches.append({
-            "net_input": {key: value.to(args.device) for key, value in net_input.items()},
-            "target": tgt.to(args.device), "ntokens": n * longest, "nsentences": n,
-        })
+        batches.append({"net_input": {key: value.to(args.device) for key, value in net_input.items()},
+                        "target": tgt.to(args.device), "ntokens": n * longest, "nsentences": n})
     return batches
 
 
 def training_throughput(models: dict, args: argparse.Namespace) -> dict[str, float]:
-    """Target tokens per second of full training steps (loss, backward, Adam), models alternating. With
-    ``--dtype float16/bfloat16`` the steps train as fairseq's ``--amp`` does: float32 weights and Adam state,
-    the forward and backward under autocast, float16 gradients scaled by a GradScaler."""
+    """Target tokens per second of full training steps (loss, backward, Adam), models alternating; with ``--dtype
+    float16/bfloat16`` as fairseq's ``--amp`` trains (float32 weights, autocast, float16 gradients scaled)."""
     import torch
 
     batches = training_batches(args)
@@ -170,15 +164,14 @@ def plot(result: dict, path: Path) -> None:
     titles = ["encoder fwd+bwd time (ms)", "encoder fwd+bwd peak memory (MB)", "mtsa / transformer"]
     for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length L")
-        ax.set_title(title)
+        ax.set(xlabel="sequence length L", title=title)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     fig.suptitle(result["settings"], fontsize=9)
     fig.tight_layout()
-    measure.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def run(args: argparse.Namespace, script: Path) -> None:
@@ -221,5 +214,3 @@ def run(args: argparse.Namespace, script: Path) -> None:
     result["training"] = {"steps": args.train_steps, "max_tokens": args.train_max_tokens, "tok_s": tok_s,
                           "ratio": tok_s["mtsa"] / tok_s["transformer"]}
     print(write(result))
-
-

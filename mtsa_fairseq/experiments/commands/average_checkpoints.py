@@ -1,7 +1,5 @@
-"""Average the model parameters of fairseq checkpoints into one checkpoint (loadable by fairseq-generate).
-
-Floating-point parameters are averaged in float64 and cast back; everything else comes from the newest
-checkpoint (most updates).
+"""Average the model parameters of fairseq checkpoints into one checkpoint (loadable by fairseq-generate):
+floating-point parameters in float64, cast back; everything else from the newest checkpoint (most updates).
 
   scripts/average_checkpoints.py --inputs runs/setup1_mtsa/seed1 --num-update-checkpoints 5 --averaged avg.pt
   scripts/average_checkpoints.py --inputs a.pt b.pt --averaged avg.pt
@@ -44,16 +42,11 @@ def _main() -> None:
             parser.error(f"--inputs: {missing[0]} is not a file (for a directory give --num-update-checkpoints N)")
     if args.averaged.exists() and not args.overwrite:
         parser.error(f"--averaged {args.averaged} exists (pass --overwrite to replace it)")
-    if args.num_update_checkpoints is not None:
-        paths = last_checkpoints(args.inputs[0], count, kind="update")
-    elif args.num_epoch_checkpoints is not None:
-        paths = last_checkpoints(args.inputs[0], count, kind="epoch")
-    else:
-        paths = args.inputs
+    kind = "update" if args.num_update_checkpoints is not None else "epoch"
+    paths = args.inputs if count is None else last_checkpoints(args.inputs[0], count, kind=kind)
     if any(p.resolve() == args.averaged.resolve() for p in paths):
         parser.error(f"--averaged {args.averaged} is one of the inputs")
-    state = average_checkpoints(paths)
-    save_checkpoint(state, args.averaged)
+    save_checkpoint(average_checkpoints(paths), args.averaged)
     print(f"averaged {len(paths)} checkpoint(s): {', '.join(str(p) for p in paths)} -> {args.averaged}")
 
 

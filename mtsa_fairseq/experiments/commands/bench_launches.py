@@ -1,21 +1,13 @@
 """Operators, host synchronisations and time of one training step, MTSA against fairseq's Transformer, side by
-side (docs/benchmark-launches.md), per encoder layer and per whole model.
+side (docs/benchmark-launches.md): per encoder layer (``--levels layer``, called as fairseq's encoder calls its second
+and later layers, an MTSA layer in its encoder's shared pass) and per model (``model``: ``transformer_wmt_en_de``
+against ``transformer_mtsa_wmt_en_de``, ``--layers-per-stack`` encoder and decoder layers), on ``--batch`` sequences
+of ``--length`` tokens of width ``--dim``, with one left-padded sequence and without, at each of ``--dropouts``.
 
-``--levels layer``: an encoder layer (fairseq's, or :class:`MTSAEncoderLayer`) called as fairseq's encoder calls its
-second and later layers (training mode; an MTSA layer in its encoder's shared pass, whose key mask the first layer
-built); ``model``: ``transformer_wmt_en_de`` against ``transformer_mtsa_wmt_en_de`` at the same sizes with
-``--layers-per-stack`` encoder and decoder layers. Each on ``--batch`` sequences of ``--length`` tokens of width
-``--dim``, with one left-padded sequence and without padding, at each attention dropout of ``--dropouts``:
-
-* ``transformer``: fairseq's;
-* ``mtsa``: MTSA with ``--mtsa-kernel auto`` (two SDPA calls for its exp token2token), one row per
-  ``--s2t-activations`` form;
-* ``mtsa-sdpa-joint``, ``mtsa-dense``, ``mtsa-triton``: the same with the kernel fixed (``sdpa-joint`` needs
-  ``--dropouts 0``, ``triton`` CUDA).
-
-A step (forward, then backward from a gradient of ones) is counted after warm-up steps as
-mtsa_fairseq/experiments/bench/launches.py says; time: the median of ``--rounds`` steps, all rows taking turns in
-each round (ABBA), in this one process.
+``--layers``: ``transformer`` (fairseq's); ``mtsa`` (``--mtsa-kernel auto``, one row per ``--s2t-activations``
+form); ``mtsa-sdpa-joint``, ``mtsa-dense``, ``mtsa-triton``, the kernel fixed (``sdpa-joint`` needs ``--dropouts 0``,
+``triton`` CUDA). A step (forward, then backward from ones) is counted after warm-up steps; time: the median of
+``--rounds`` steps, all rows taking turns in each round (ABBA), in this one process.
 
   mtsa-bench-launches --threads 1 --json launches.json --markdown launches.md
   mtsa-bench-launches --device cuda --dtype float16 --batch 128 --length 32 --dim 512 --heads 8 \\

@@ -3,8 +3,7 @@
   python scripts/evaluate_sentence.py --checkpoint runs/sst5/checkpoint_best.pt --split test --result sst5-test.json
 
 Prints accuracy (classification) or Pearson r, Spearman rho and MSE (SICK) and writes a JSON result with the
-per-example predictions (its checkpoint and data named relative to the result's folder). For cross-validation
-data the checkpoint's --cv-fold is evaluated (the held-out fold).
+per-example predictions; for cross-validation data it evaluates the checkpoint's --cv-fold (the held-out fold).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""The Multi30k study (docs/results-multi30k.md), end to end and resumable.
-
-Multi30k task 1 En-De, configs/multi30k_transformer.yaml against configs/multi30k_mtsa.yaml, N seeds each, seed by
-seed (a seed's two runs side by side, one CPU core each), each finished seed scored on both test sets at
-checkpoint_last.pt and at the average of the last 5 epoch checkpoints: OUT/report[-avg5][-tokenized].md (Welch's
-t-test, paired tests; sacreBLEU or tokenized compound-split BLEU), OUT/runs.md, OUT/curves.png and OUT/study.json.
+"""The Multi30k study (docs/results-multi30k.md), end to end and resumable: Multi30k task 1 En-De,
+configs/multi30k_transformer.yaml against configs/multi30k_mtsa.yaml, N seeds each, seed by seed (a seed's two runs
+side by side, one CPU core each), each finished seed scored on both test sets at checkpoint_last.pt and at the
+average of the last 5 epoch checkpoints: OUT/report[-avg5][-tokenized].md (Welch's t-test, paired tests; sacreBLEU
+or tokenized compound-split BLEU), OUT/runs.md, OUT/curves.png and OUT/study.json.
 
   python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-probe --seeds 1 \\
       --max-update 20000 --train-only
@@ -12,8 +11,8 @@ t-test, paired tests; sacreBLEU or tokenized compound-split BLEU), OUT/runs.md, 
 
 The probe (--train-only) writes OUT/curves.json and .png with the plateau rule's verdict per run; --curves-only
 shows a running probe's curves so far; --budget-from trains the study to the budget the probe fixes. Rerunning a
-command skips finished runs and scores and continues an interrupted run from its checkpoint_last.pt; a seed whose
-run.json says it finished and whose four result files exist needs neither its checkpoints nor training again.
+command skips finished runs and scores and resumes interrupted runs; a seed whose run.json says it finished and
+whose four result files exist needs neither its checkpoints nor training again.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The whole experiment in one command: data -> N seeds of a baseline and an MTSA config -> BLEU -> t-test.
 
-Without data options it runs the embedded demo: the synthetic reordering/agreement corpus
-(``mtsa_fairseq/experiments/translation/toy_corpus.py``), ``configs/demo_transformer.yaml`` vs
-``configs/demo_mtsa.yaml``, 3 seeds each, on CPU. With your raw parallel files and configs it runs the real
-thing (docs/experiment.md gives the command of WMT14 En-De, Setup 1).
+Without data options it runs the embedded demo: the synthetic reordering/agreement corpus (toy_corpus.py),
+``configs/demo_transformer.yaml`` vs ``configs/demo_mtsa.yaml``, 3 seeds each, on CPU. With your raw parallel files
+and configs it runs the real thing (docs/experiment.md gives the command of WMT14 En-De, Setup 1).
 
 Each step is a command of its own (mtsa-prepare-data, mtsa-train-seeds, mtsa-score, mtsa-significance) run with
 this interpreter; OUT keeps their outputs (data/, runs/, results/, report.*). Rerunning the same command reuses the

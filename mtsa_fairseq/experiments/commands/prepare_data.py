@@ -1,7 +1,6 @@
-"""Prepare a raw parallel corpus for fairseq: normalise, train a joint sentencepiece model, encode, and
-binarise with fairseq-preprocess --joined-dictionary into OUT (manifest.json, bin/, spm.model, raw/).
-
-Normalisation and filters are described in docs/experiment.md (1. Data). Inputs may be plain text or gzip.
+"""Prepare a raw parallel corpus (plain text or gzip) for fairseq: normalise, train a joint sentencepiece model,
+encode, and binarise with fairseq-preprocess --joined-dictionary into OUT (manifest.json, bin/, spm.model, raw/);
+normalisation and filters: docs/experiment.md (1. Data).
 """
 
 import argparse

@@ -1,8 +1,6 @@
 """Prepare a sentence-encoder data set (SST-5/SST-2, TREC, CR, MPQA, SUBJ, SICK, SNLI, MultiNLI) for fairseq:
 tokenise, build the word dictionary and binarise into OUT (manifest.json, dict.txt, {split}.input0/.input1 .bin/.idx,
-{split}.label, and train.fold for the cross-validation sets CR, MPQA, SUBJ).
-
-Tokenisation, filters and the output layout are described in docs/sentence-tasks.md.
+{split}.label, and train.fold for the cross-validation sets CR, MPQA, SUBJ), as docs/sentence-tasks.md describes.
 """
 
 import argparse
@@ -65,13 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    cfg = SentenceDataConfig(
-        dataset=args.dataset, out=args.out, input=args.input, train=args.train, valid=args.valid, test=args.test,
-        max_examples=args.max_examples, keep_case=args.keep_case, oversample=args.oversample,
-        trec_valid=args.trec_valid, valid_fraction=args.valid_fraction, clip_percentile=args.clip_percentile,
-        fold_seed=args.fold_seed, split_seed=args.split_seed, overwrite=args.overwrite,
-    )
+    cfg = SentenceDataConfig(**vars(build_parser().parse_args(argv)))  # the options are the config's fields
     prepare(cfg, log=lambda line: print(line, flush=True))
 
 

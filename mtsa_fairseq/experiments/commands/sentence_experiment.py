@@ -5,12 +5,11 @@ Welch's t-test of the reference architecture (default: the first) against each o
       --archs mtsa_encoder disan_encoder fast_disa_encoder multi_head_encoder bilstm_encoder \\
       --seeds 1 2 3 --out runs/trec --cpu --max-update 3000
 
-With --lr-from, each architecture trains at the learning rate that an mtsa-sentence-lr-search report chose for
-it on dev (a TREC search sets SST-5's rates too: the rate is carried over, not searched again), recorded in the
-report; a run the search itself trained (the same command: its seed, at the chosen rate, on the same data) is
-taken from the search's directory and evaluated, not trained again. Cross-validation data (CR, MPQA, SUBJ) runs
-every fold unless --folds is given. Rerunning the command skips finished runs, resumes interrupted ones and
-rewrites OUT/report.md, OUT/report.json and OUT/dev-curves.png (dev metric against updates, per architecture).
+With --lr-from, each architecture trains at the learning rate an mtsa-sentence-lr-search report chose for it on
+dev (a TREC search sets SST-5's rates too), recorded in the report; a run the search itself trained (the same
+command) is taken from the search's directory, not trained again. Cross-validation data (CR, MPQA, SUBJ) runs every
+fold unless --folds is given. Rerunning the command skips finished runs, resumes interrupted ones and rewrites
+OUT/report.md, OUT/report.json and OUT/dev-curves.png.
 """
 
 from __future__ import annotations
@@ -68,9 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[TaskConfig, dict, list[str]]:
-    """The task config, the data's manifest and the --extra-args tokens of :func:`add_training_arguments`'s
-    options, checked before anything trains (usage errors exit 2; an unreadable file or an option fairseq-train
-    refuses exits 1)."""
+    """The task config, the data's manifest and the --extra-args tokens of :func:`add_training_arguments`'s options,
+    checked before anything trains (usage errors exit 2; an unreadable file or an option fairseq-train refuses 1)."""
     if len(set(args.archs)) != len(args.archs):
         parser.error("--archs must not repeat")
     if args.max_update is not None and args.max_update <= 0:

@@ -5,14 +5,13 @@ seed, the best-dev checkpoint evaluated on dev only (test is never read), and on
       --archs mtsa_encoder disan_encoder fast_disa_encoder multi_head_encoder bilstm_encoder \\
       --lrs 1e-3 5e-4 3e-4 1e-4 --out runs/trec-lr-search --cpu --threads 1
 
-Rule: each architecture takes the rate with the highest best-dev metric among the rates it trained through
-without a NaN/Inf stop; ties go to the higher dev metric at the last validation, then to the larger rate.
-Run (arch, rate) is what ``mtsa-sentence-experiment --out OUT/lr-<rate> --split valid --extra-args "--lr <rate>"``
-trains, architectures outermost. Rerunning the command skips finished runs, resumes interrupted ones (a run
-fairseq stopped with NaN/Inf gradients stays stopped) and rewrites OUT/search.json and OUT/search.md; a second
-search on the same OUT is refused while the first runs (use --jobs to train runs side by side). While it
-trains, the same command with ``--report-only`` writes OUT/search-interim.json and .md from the runs finished so
-far (an architecture's rate is chosen once all its rates have finished).
+Rule: each architecture takes the rate with the highest best-dev metric among the rates it trained through without
+a NaN/Inf stop; ties go to the higher dev metric at the last validation, then to the larger rate. Run (arch, rate)
+is what ``mtsa-sentence-experiment --out OUT/lr-<rate> --split valid --extra-args "--lr <rate>"`` trains,
+architectures outermost. Rerunning the command skips finished runs, resumes interrupted ones (a NaN/Inf stop stays
+stopped) and rewrites OUT/search.json and .md; a second search on the same OUT is refused while the first runs (use
+--jobs for runs side by side). Meanwhile ``--report-only`` writes OUT/search-interim.json and .md from the finished
+runs (an architecture's rate is chosen once all its rates have finished).
 """
 
 from __future__ import annotations

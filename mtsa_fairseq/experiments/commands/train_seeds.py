@@ -1,12 +1,12 @@
-"""Train several seeds of one training config (configs/*.yaml) with fairseq-train, resumably.
-
-Each seed trains in SAVE_ROOT/<config name>/seed<k>/ (checkpoints, train.log, run.json). Running the same
-command again skips finished seeds and resumes the others from their checkpoint_last.pt.
+"""Train several seeds of one training config (configs/*.yaml) with fairseq-train, resumably: each seed in
+SAVE_ROOT/<config name>/seed<k>/ (checkpoints, train.log, run.json); running the same command again skips finished
+seeds and resumes the others from their checkpoint_last.pt.
 
   scripts/train_seeds.py --config configs/setup1_mtsa.yaml --data data/wmt14 --seeds 1 2 3 --save-root runs
 """
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -79,13 +79,8 @@ def _main() -> None:
         extra = tuple(shlex.split(args.extra_args))
     except ValueError as err:
         parser.error(f"--extra-args: {err}")
-    options = LaunchOptions(
-        launcher=args.launcher, cpu=args.cpu, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
-        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
-        threads=args.threads, average_last=args.average_last, extra_args=extra,
-        slurm_partition=args.slurm_partition, slurm_time=args.slurm_time, slurm_requeues=args.slurm_requeues,
-        slurm_args=tuple(args.slurm_args),
-    )
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(LaunchOptions)}  # same names
+    options = LaunchOptions(**{**given, "extra_args": extra, "slurm_args": tuple(args.slurm_args)})
     the_plan = plan(args.config, args.data, args.seeds, args.save_root, options, dry_run=args.dry_run)
     failed = execute(the_plan, dry_run=args.dry_run)
     if failed:

@@ -1,8 +1,7 @@
 """Prepare sentence-encoder data sets (SST, TREC, CR, MPQA, SUBJ, SICK, SNLI, MultiNLI) for fairseq
 (``scripts/prepare_sentence_data.py``): read a data set's standard release files, tokenise them, build one word
 dictionary and write the prepared directory, whose layout, tokenisation, splits, reading rules and dropped
-examples docs/sentence-tasks.md describes (The prepared directory).
-"""
+examples docs/sentence-tasks.md describes (The prepared directory)."""
 
 from __future__ import annotations
 
@@ -34,22 +33,16 @@ _SPECIALS = frozenset(SPECIAL_SYMBOLS)
 _SENTIMENT = ("negative", "positive")
 _NLI = ("contradiction", "neutral", "entailment")
 LABELS: dict[str, tuple[str, ...]] = {
-    "sst5": ("very negative", "negative", "neutral", "positive", "very positive"),
-    "sst2": _SENTIMENT,
-    "trec": ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"),
-    "cr": _SENTIMENT,
-    "mpqa": _SENTIMENT,
-    "subj": ("objective", "subjective"),
-    "sick": (),
-    "snli": _NLI,
-    "mnli": _NLI,
+    "sst5": ("very negative", "negative", "neutral", "positive", "very positive"), "sst2": _SENTIMENT,
+    "trec": ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"), "cr": _SENTIMENT, "mpqa": _SENTIMENT,
+    "subj": ("objective", "subjective"), "sick": (), "snli": _NLI, "mnli": _NLI,
 }
 DATASETS = tuple(LABELS)
 DATASET_KINDS = {**dict.fromkeys(("sst5", "sst2", "trec", "cr", "mpqa", "subj"), "single"), "sick": "relatedness",
          "snli": "pair", "mnli": "pair"}
 
 _SST_FILES = {"train": "train.txt", "valid": "dev.txt", "test": "test.txt"}
-SPLIT_FILES: dict[str, dict[str, str]] = {
+SPLIT_FILES: dict[str, dict[str, str]] = {  # each split's standard file, for the data sets with a fixed split
     "sst5": _SST_FILES,
     "sst2": _SST_FILES,
     "trec": {"train": "train_5500.label", "test": "TREC_10.label"},
@@ -58,13 +51,11 @@ SPLIT_FILES: dict[str, dict[str, str]] = {
     "mnli": {"train": "multinli_1.0_train.jsonl", "valid": "multinli_1.0_dev_matched.jsonl",
              "test": "multinli_1.0_dev_mismatched.jsonl"},
 }
-"""Standard file name of each split, for the data sets with a fixed train/valid/test split."""
-CLASS_FILES: dict[str, tuple[str, str]] = {
+CLASS_FILES: dict[str, tuple[str, str]] = {  # the cross-validation data sets' files, one per class in label order
     "cr": ("custrev.neg", "custrev.pos"),
     "mpqa": ("mpqa.neg", "mpqa.pos"),
     "subj": ("subj.objective", "subj.subjective"),
 }
-"""Standard file names of the cross-validation data sets, one file per class in label order."""
 
 _TREE_TOKEN = re.compile(r"\(|\)|[^ \t\n\r\f\v()]+")  # ASCII blanks: a leaf may hold a U+00A0
 _SST_BRACKETS = {"-LRB-": "(", "-RRB-": ")"}
@@ -119,8 +110,6 @@ class Split:
 
 
 # ------------------------------------------------------------------------------------------- options
-
-
 def resolve(cfg: SentenceDataConfig) -> SentenceDataConfig:
     """A copy of ``cfg`` with the data set's defaults filled in; options that do not apply raise DataError."""
     name = cfg.dataset
@@ -191,8 +180,6 @@ def input_files(cfg: SentenceDataConfig) -> dict[str, list[Path]]:
 
 
 # ------------------------------------------------------------------------------------------- reading
-
-
 def numbered_lines(path: Path, latin1: bool = False) -> Iterator[tuple[int, str]]:
     """``(line number from 1, text)`` for each line of ``path`` read as docs/sentence-tasks.md says (every line
     Latin-1 with ``latin1``), its line end and a leading byte-order mark removed."""
@@ -384,8 +371,6 @@ def read_nli(path: Path, lowercase: bool, limit: int | None, dropped: Counter[st
 
 
 # ------------------------------------------------------------------------------------------ assembly
-
-
 def _check(examples: list[Example], train: bool, dropped: Counter[str]) -> list[Example]:
     """Refuse special symbols; drop examples with an empty side from training data, refuse them elsewhere."""
     kept = []
@@ -482,8 +467,6 @@ def load_dataset(cfg: SentenceDataConfig) -> dict[str, Split]:
 
 
 # ------------------------------------------------------------------------------------------ writing
-
-
 def build_vocabulary(splits: dict[str, Split]) -> tuple[list[tuple[str, int]], int]:
     """``(word, count)`` in dictionary order (training words first) and the number of training words."""
     train = Counter(t for ex in splits["train"].examples for side in ex.sides for t in side)

@@ -1,9 +1,6 @@
-"""Evaluate a trained sentence encoder on one split: accuracy, or Pearson r / Spearman rho / MSE (SICK).
-
-The model, task options (including ``--cv-fold``) and data directory come from the checkpoint; the data
-directory and fold can be overridden. Results are one JSON object with the per-example predictions, so
-runs can be compared with the project's significance tools.
-"""
+"""Evaluate a trained sentence encoder on one split: accuracy, or Pearson r / Spearman rho / MSE (SICK), as one JSON
+result with the per-example predictions (for the significance tools). The model, task options (``--cv-fold``
+included) and data directory come from the checkpoint; the data directory and fold can be overridden."""
 
 from __future__ import annotations
 
@@ -88,27 +85,17 @@ def evaluate(checkpoint: str | Path, split: str = "test", data: str | Path | Non
         metrics = {"accuracy": 100.0 * float(np.mean(np.asarray(predictions) == np.asarray(gold)))}
     params = sum(p.numel() for p in model.parameters())
     return {
-        "schema": SENTENCE_RESULT_SCHEMA,
-        "checkpoint": str(Path(checkpoint).resolve()),
-        "data": str(Path(task.args.data).resolve()),
-        "dataset": task.manifest.get("dataset"),
-        "kind": task.kind,
-        "split": split,
-        "cv_fold": getattr(task.args, "cv_fold", None),
-        "arch": cfg.model.arch,
-        "seed": cfg.common.seed,
-        "num_updates": int(state.get("optimizer_history", [{}])[-1].get("num_updates", 0)),
-        "num_examples": len(dataset),
-        "num_params": params,
+        "schema": SENTENCE_RESULT_SCHEMA, "checkpoint": str(Path(checkpoint).resolve()),
+        "data": str(Path(task.args.data).resolve()), "dataset": task.manifest.get("dataset"), "kind": task.kind,
+        "split": split, "cv_fold": getattr(task.args, "cv_fold", None), "arch": cfg.model.arch,
+        "seed": cfg.common.seed, "num_updates": int(state.get("optimizer_history", [{}])[-1].get("num_updates", 0)),
+        "num_examples": len(dataset), "num_params": params,
         "num_params_without_embeddings": params - model.embedding.trainable.numel(),
-        "metrics": metrics,
-        "predictions": predictions,
-        "references": gold,
+        "metrics": metrics, "predictions": predictions, "references": gold,
     }
 
 
 def write_result(path: str | Path, result: dict[str, Any]) -> None:
-    """Write a result of :func:`evaluate` to ``path``, its ``checkpoint`` and ``data`` relative to ``path``'s
-    folder."""
+    """Write a result of :func:`evaluate` to ``path``, its ``checkpoint`` and ``data`` relative to its folder."""
     folder = Path(path).parent
     write_json(path, {**result, **{key: relative_path(result[key], folder) for key in ("checkpoint", "data")}})

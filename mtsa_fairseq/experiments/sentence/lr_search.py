@@ -1,8 +1,7 @@
-"""A learning-rate search on dev data (docs/sentence-tasks.md): every architecture at every rate of a grid (one seed,
-a fixed split), the best-dev checkpoint evaluated on dev only, and one rule (:func:`choose`) for each architecture's
-rate. Run ``(arch, rate)`` is the sentence experiment's run ``OUT/lr-<rate>/runs/<arch>/seed<k>`` trained with
-``--lr <rate>``; a run fairseq stops with NaN/Inf gradients is recorded as stopped (its dev curve kept), not
-retrained.
+"""A learning-rate search on dev data (docs/sentence-tasks.md): every architecture at every rate of a grid (one seed, a
+fixed split), the best-dev checkpoint evaluated on dev only, and one rule (:func:`choose`) for each architecture's rate.
+Run ``(arch, rate)`` is the sentence experiment's run ``OUT/lr-<rate>/runs/<arch>/seed<k>`` trained with
+``--lr <rate>``; a run fairseq stops with NaN/Inf gradients is recorded as stopped (its dev curve kept), not retrained.
 """
 
 from __future__ import annotations
@@ -104,10 +103,9 @@ def run_scores(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def choose(rows: list[dict[str, Any]], lrs: list[float]) -> dict[str, float | None]:
-    """The rule: per architecture whose every rate has finished, the rate whose run reached the highest dev metric
-    at any validation (its best-dev checkpoint, the one the protocol tests) among the rates it trained through
-    without stopping, ties going to the higher dev metric at the last validation, then to the larger rate; None if
-    no rate trained through. Architectures with a rate still to finish are left out."""
+    """The rule, per architecture whose every rate has finished (the others are left out): of the rates it trained
+    through without stopping, the one whose best-dev checkpoint has the highest dev metric, ties going to the higher
+    dev metric at the last validation, then to the larger rate; None if no rate trained through."""
     chosen: dict[str, float | None] = {}
     for arch in dict.fromkeys(row["arch"] for row in rows):
         if {r["lr"] for r in rows if r["arch"] == arch} != set(lrs):
@@ -130,9 +128,8 @@ def search_report(config: TaskConfig, rows: list[dict[str, Any]], archs: list[st
 
 
 def chosen_rates(path: Path, archs: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
-    """The rate that a search report (``search.json``, ``search-interim.json`` or a copy of either) chose for
-    each of ``archs``, and the search it came from; ExperimentError names an unreadable report or each
-    architecture without a chosen rate and why."""
+    """The rate a search report (``search.json``, ``search-interim.json`` or a copy) chose for each of ``archs``, and
+    the search; ExperimentError names an unreadable report or each architecture without a rate and why."""
     report = read_json(path, SCHEMA, "learning-rate search", ExperimentError)
     chosen, pending = report.get("chosen") or {}, report.get("pending") or []
     why = {arch: "rates still to finish" if arch in pending else
@@ -147,10 +144,9 @@ def chosen_rates(path: Path, archs: list[str]) -> tuple[dict[str, float], dict[s
 
 
 def searched_rates(path: Path | None, archs: list[str]) -> tuple[dict[str, float], dict | None, dict[str, Path]]:
-    """What ``--lr-from`` a search report ``path`` gives ``archs``: each one's rate (:func:`chosen_rates`), the
-    search with them (the report's ``lr_from``), and the run directory, beside ``path``, of each architecture's
-    run at its rate (left out where not there: a copy of the report elsewhere). Empty, None and empty without
-    ``path``."""
+    """What ``--lr-from`` a search report ``path`` gives ``archs``: each one's rate (:func:`chosen_rates`), the search
+    with them (the report's ``lr_from``), and the run directory, beside ``path``, of each architecture's run at its
+    rate (left out where not there: a copy of the report elsewhere). Empty, None and empty without ``path``."""
     if path is None:
         return {}, None, {}
     rates, source = chosen_rates(path, archs)

@@ -1,7 +1,6 @@
 """Sentence-experiment reports: the runs' results as statistics (:func:`summarize`, with the tests of
 :mod:`~mtsa_fairseq.experiments.significance`), Markdown tables and a dev-curve plot; :func:`write_report` writes
-them to ``OUT/report.json``, ``report.md`` and ``dev-curves.png``.
-"""
+them to ``OUT/report.json``, ``report.md`` and ``dev-curves.png``."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.experiments.files import atomic_path, write_atomic, write_json
-from mtsa_fairseq.experiments.plotting import pyplot
+from mtsa_fairseq.experiments.files import write_atomic, write_json
+from mtsa_fairseq.experiments.plotting import pyplot, save_figure
 from mtsa_fairseq.experiments.sentence.runs import ExperimentError, TaskConfig
 from mtsa_fairseq.experiments.significance import (
     SignificanceError,
@@ -56,9 +55,8 @@ def publish(stem: Path, report: dict[str, Any], markdown: str) -> str:
 
 
 def summarize(config: TaskConfig, results: list[dict[str, Any]], reference: str) -> dict[str, Any]:
-    """Per architecture: the metric per seed (CV: mean over folds), mean, standard deviation; and
-    Welch's t-test of ``reference`` (as the system) against each other architecture (as the baseline). The
-    task's other metrics (SICK: Spearman's rho and MSE beside Pearson's r) get the same under ``other_metrics``."""
+    """Per architecture the metric per seed (CV: mean over folds), mean and sd, and Welch's t-test of ``reference``
+    against each other architecture; the task's other metrics (SICK: rho, MSE) the same under ``other_metrics``."""
     summary = {"experiment": config.name, "dataset": config.dataset, "metric": config.metric,
                "reference": reference, **_compare(results, config.metric, reference)}
     others = [m for m in results[0]["metrics"] if m != config.metric] if results else []
@@ -108,10 +106,9 @@ def _compare(results: list[dict[str, Any]], metric: str, reference: str) -> dict
 
 def cross_validation(summary: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
     """Cross-validation of the summary's ``metric`` (one to maximise) per architecture: mean and sd over its (seed,
-    fold) runs of the three held-out numbers of :func:`held_out_numbers` (``chosen`` by the *other* folds,
-    ``best`` on the held-out fold itself, the papers' optimistic protocol, ``last``), and paired t-tests of the
-    ``reference`` against each other architecture over the runs both have (matched by seed and fold): naive,
-    and under ``corrected`` Nadeau and Bengio's corrected resampled t-test (test/train ratio 1/(k - 1))."""
+    fold) runs of the three :func:`held_out_numbers`, and paired t-tests of the ``reference`` against each other
+    architecture over the runs both have (by seed and fold): naive, and under ``corrected`` Nadeau and Bengio's
+    corrected resampled t-test (test/train ratio 1/(k - 1))."""
     if missing := next((result for result in results if not result.get("dev_curve")), None):
         raise ExperimentError(f"{missing['run']} has no held-out curve: its last-update metric is unknown")
     runs = {arch: {key: {kind: number[0] for kind, number in numbers.items() if number is not None}
@@ -151,9 +148,8 @@ def test_train_ratio(runs: Sequence[tuple[int, int]]) -> float:
 
 
 def chosen_steps(curves: dict[tuple[int, int], dict[int, float]]) -> dict[tuple[int, int], int]:
-    """Per (seed, fold) run of one architecture, the validation step its ``chosen`` number is read at: the step
-    (among those every run has) that maximises the mean held-out metric of the runs on the other folds, the
-    earliest of equally good ones. Runs without another fold get none."""
+    """Per (seed, fold) run of one architecture, the step (of those every run has) its ``chosen`` number is read at:
+    the earliest that maximises the mean held-out metric of the runs on the other folds (none without another fold)."""
     steps = sorted(set.intersection(*(set(curve) for curve in curves.values())))
     chosen = {}
     for key in curves:
@@ -211,8 +207,7 @@ def _with_metric(summary: dict[str, Any], metric: str | None) -> dict[str, Any]:
 def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
                   metric: str | None = None) -> list[str]:
     """Per architecture: the ``metric`` (default: the task's) per seed, mean ± sd, Welch's t-test of the reference
-    against it with its 95% interval, one-sided for the reference being better (greater, or lower in
-    LOWER_IS_BETTER), and the learning rate when a search chose it."""
+    against it with its 95% interval, one-sided for the reference being better, and a search's learning rate."""
     summary = _with_metric(summary, metric)
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
@@ -278,9 +273,8 @@ def _curve(run: dict[str, Any]) -> dict[int, float]:
 
 
 def runs_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
-    """One row per run (architectures in the summary's order, then seeds): the tested checkpoint's metric, its
-    update and dev metric as the run's record holds them (fairseq keeps the later of equally good
-    checkpoints, so the first update that reached that dev value is shown beside it), and the last validation."""
+    """One row per run (by architecture, then seed): the tested checkpoint's metric, update and dev metric, the first
+    update that reached that dev value (fairseq keeps the later of equally good checkpoints), the last validation."""
     metric, f, name = summary["metric"], metric_format(summary["metric"]), names or {}
     split = summary.get("split", "test")
     lines = [f"| architecture | seed | {split} {metric} | tested checkpoint: update | its dev {metric} | "
@@ -312,9 +306,9 @@ def _runs_by_arch(summary: dict[str, Any], archs: list[str] | None = None) -> di
 
 
 def held_out_numbers(summary: dict[str, Any], runs: dict[tuple[int, int], Any]) -> dict[tuple[int, int], dict]:
-    """Per (seed, fold) run of one architecture (rows of a summary's ``runs``, or results) its three held-out
-    numbers as ``(value, update)``: best (the tested checkpoint's; update None for a result), chosen (at the
-    update the other folds chose; None without other folds) and last."""
+    """Per (seed, fold) run of one architecture (rows of a summary's ``runs``, or results) its held-out numbers as
+    ``(value, update)``: best (the tested checkpoint's, selected on the held-out fold: the papers' protocol; update
+    None for a result), chosen (at the update the other folds chose; None without other folds) and last."""
     chosen = chosen_steps({key: _curve(run) for key, run in runs.items()})
     numbers = {}
     for key, run in runs.items():
@@ -354,9 +348,8 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
                  label: str = "anchor", metric: str | None = None, anchor_n: int | None = None) -> list[str]:
     """One-sample t-tests of every architecture's numbers against a published figure ``value`` (``label``): the
     per-seed ``metric`` (default: the task's) of a fixed split, or per fold the three held-out numbers of a
-    cross-validation (corrected test), one-sided for the mean being better (greater, or lower in
-    LOWER_IS_BETTER); ``anchor_n`` (an accuracy on that many test items) adds the figure's binomial standard
-    error (:func:`~mtsa_fairseq.experiments.significance.anchor_test`), the plain one-sample t-test beside it."""
+    cross-validation (corrected test), one-sided for the mean being better; ``anchor_n`` (an accuracy on that many
+    test items) adds the figure's binomial standard error (``anchor_test``), the plain test beside it."""
     summary = _with_metric(summary, metric)
     f, name = metric_format(summary["metric"]), names or {}
     lower = summary["metric"] in LOWER_IS_BETTER
@@ -403,13 +396,11 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Path) -> None:
     """Dev (cross-validation: held-out fold) ``metric`` against updates per architecture (PNG, titled ``name``):
     the mean over runs at each validation step all of them reached, the min-max band, and each run's own curve."""
-    plt = pyplot()
-
     curves: dict[str, list[dict[int, float]]] = {}
     for run in runs:
         if run.get("dev_curve"):
             curves.setdefault(run["arch"], []).append(_curve(run))
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for arch, per_run in curves.items():
         steps = sorted(set.intersection(*(set(c) for c in per_run)))
         values = np.array([[c[u] for u in steps] for c in per_run])
@@ -425,6 +416,4 @@ def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Pa
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

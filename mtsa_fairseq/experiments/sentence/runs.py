@@ -1,24 +1,12 @@
-"""Sentence-encoder runs: several architectures x seeds (x cross-validation folds) on one task, each trained and
-evaluated to a result file.
+"""Sentence-encoder runs: architectures x seeds (x folds) on one task, each trained and evaluated to a result file.
 
-A task config (``configs/sentence/<task>.yaml``) holds the authors' training protocol as fairseq-train
-options, with optional per-architecture overrides::
-
-    name: sst5                 # file stem
-    dataset: sst5              # must equal the prepared data's manifest
-    metric: accuracy           # accuracy | pearson: what the report compares
-    description: ...
-    fairseq: {task: sentence_encoding, criterion: sentence_encoding, optimizer: adadelta, ...}
-    arch_overrides: {disan_encoder: {batch-size: 64}}
-
-Each run is ``fairseq-train`` in ``OUT/runs/<arch>/seed<k>[/fold<f>]`` (with its ``run.json``, the translation
-launcher's run record: status, command, time, updates, throughput, peak memory) followed by an evaluation of its
-``checkpoint_best.pt`` (selected on dev; for cross-validation on the held-out fold, the papers' protocol)
-into ``OUT/results/<arch>_seed<k>[_fold<f>].json``. Finished runs (result file present) are skipped and
-interrupted ones resume from ``checkpoint_last.pt``; one whose ``checkpoint_best.pt`` cannot be read trains again
-(:func:`~mtsa_fairseq.experiments.runs.best_repair`). :mod:`~mtsa_fairseq.experiments.sentence.report` summarises
-the results.
-"""
+A task config (``configs/sentence/<task>.yaml``) holds ``name`` (its file stem), ``dataset`` (the prepared data's),
+``metric`` (accuracy | pearson), ``description``, ``fairseq`` (the authors' protocol as fairseq-train options) and
+optionally ``arch_overrides`` (``{arch: options}``). Each run is ``fairseq-train`` in
+``OUT/runs/<arch>/seed<k>[/fold<f>]`` (its ``run.json`` the translation launcher's run record), then an evaluation
+of its ``checkpoint_best.pt`` into ``OUT/results/<arch>_seed<k>[_fold<f>].json``. Finished runs are skipped,
+interrupted ones resume, and one whose best checkpoint cannot be read trains again
+(:func:`~mtsa_fairseq.experiments.runs.best_repair`)."""
 
 from __future__ import annotations
 
@@ -189,10 +177,9 @@ def train_command(config: TaskConfig, run: Run, data: Path, out: Path, max_updat
 
 
 def adopt_run(source: Path, run_dir: Path, command: list[str], budget: int) -> bool:
-    """Take over a run that the same fairseq-train command (but for ``--save-dir``) finished in ``source``, a
-    learning-rate search's run at the chosen rate and seed, instead of training it again: its checkpoints, log
-    and record are copied into ``run_dir`` (copies: training on in either directory leaves the other as it was),
-    run.json last. False, and nothing copied, when ``source`` holds no such run finished at ``budget``."""
+    """Copy into ``run_dir`` (checkpoints, log, then run.json) a run that the same fairseq-train command (but for
+    ``--save-dir``) finished in ``source`` at ``budget``, a learning-rate search's run at the chosen rate, instead of
+    training it again. False, and nothing copied, when ``source`` holds no such run."""
     names = ("checkpoint_best.pt", "checkpoint_last.pt", "train.log")
     if not all((source / name).is_file() for name in names):
         return False
@@ -216,13 +203,10 @@ def _but_save_dir(command: list[str]) -> list[str]:
 def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
             threads: int | None, cpu: bool, log: Callable[[str], None] | None = None,
             split: str | None = None, trained_in: Path | None = None) -> dict[str, Any]:
-    """Train (or resume) one run and evaluate its best checkpoint on ``split`` (default: test, or the held-out
-    fold for cross-validation data); returns (and writes) the result with the run's dev curve. A run finished
-    with a smaller update budget trains on from its last checkpoint to the new one, unless fairseq's
-    ``--patience`` stopped it: it would stop there under any larger budget (no sentence config's learning rate
-    depends on ``--max-update``), so its result stands for the new one. A new run that the same command has
-    finished in ``trained_in`` is taken from there (:func:`adopt_run`). The run directory's lock is held
-    throughout: a run still trained by another live process is refused, naming it."""
+    """Train (or resume) one run under its directory's lock and evaluate its best checkpoint on ``split`` (default:
+    test, or the held-out fold); returns (and writes) the result with the run's dev curve. A run finished under a
+    smaller budget trains on to the new one, unless ``--patience`` stopped it (then it would stop there under any
+    budget, and its result stands); a new run that the same command finished in ``trained_in`` is adopted."""
     from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate, write_result
 
     log = log or _SAY
@@ -285,9 +269,8 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
 def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data: Path, budget: int,
            threads: int | None, lock: RunLock, log: Callable[[str], None],
            notes: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train (or resume) the run to ``budget`` in a :func:`~mtsa_fairseq.experiments.runs.session`, its run.json
-    the translation launcher's (running, then done, failed or interrupted) with ``notes``; returns its finished
-    record."""
+    """Train (or resume) the run to ``budget`` in a :func:`~mtsa_fairseq.experiments.runs.session` (run.json with
+    ``notes``); returns its finished record."""
     log(f"[experiment] {run.key}: training -> {run_dir}")
     record = {"schema": RUN_SCHEMA, "config": config.name, "system": run.arch, "setup": config.dataset,
               "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,

@@ -1,11 +1,6 @@
-"""Learning curves of translation runs: validation loss and BLEU from fairseq-train's log, the plateau rule
-that fixes a study's budget on validation data, and one plot of every run.
-
-fairseq-train with ``--eval-bleu`` logs a line per validation, e.g.
-``| valid | epoch 012 | valid on 'valid' subset | loss 3.51 | nll_loss 1.9 | ppl 3.7 | bleu 35.12 | ... |
-num_updates 2880``. A resumed run appends to the same log and may validate an update twice; the last line
-for an update counts.
-"""
+"""Learning curves of translation runs: validation loss and BLEU from fairseq-train's log (with ``--eval-bleu``:
+``| valid | ... | loss 3.51 | ... | bleu 35.12 | ... | num_updates 2880``; of an update a resumed run validated twice,
+the last line counts), the plateau rule that fixes a study's budget on validation data, and one plot of every run."""
 
 from __future__ import annotations
 
@@ -13,8 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mtsa_fairseq.experiments.files import atomic_path
-from mtsa_fairseq.experiments.plotting import pyplot
+from mtsa_fairseq.experiments.plotting import pyplot, save_figure
 
 _VALID = re.compile(r"\| valid \| .*")
 _FIELD = re.compile(r"\| (loss|bleu|num_updates) ([0-9.]+)")
@@ -62,9 +56,8 @@ def plateau(curve: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def budget(curves: list[list[dict[str, float]]]) -> int | None:
-    """The study's budget from the probe's curves: the first validated update, common to every curve, at which
-    every curve up to it satisfies the plateau rule (:func:`plateau`); None while there is none. Later
-    validations never move it, since each verdict reads a curve only up to that update."""
+    """The study's budget from the probe's curves: the first update every curve validated at which every curve up to
+    it is on a plateau (:func:`plateau`; later validations never move it); None while there is none."""
     validated = [{p["update"] for p in curve if "bleu" in p} for curve in curves]
     for update in sorted(set.intersection(*validated)) if validated else []:
         if all(plateau([p for p in curve if p["update"] <= update])["plateaued"] for curve in curves):
@@ -110,11 +103,8 @@ def system_of(label: str) -> str:
 
 
 def plot_curves(runs: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
-    """Validation BLEU and loss against updates, one line per run (``runs``: label -> curve), one colour per
-    system, one PNG."""
-    plt = pyplot()
-
-    fig, (bleu_ax, loss_ax) = plt.subplots(1, 2, figsize=(13, 4.5))
+    """Validation BLEU and loss against updates, one line per run (``runs``: label -> curve), a colour per system."""
+    fig, (bleu_ax, loss_ax) = pyplot().subplots(1, 2, figsize=(13, 4.5))
     styles = {}
     for label, curve in runs.items():
         color = styles.setdefault(system_of(label), f"C{len(styles)}")
@@ -130,6 +120,4 @@ def plot_curves(runs: dict[str, list[dict[str, float]]], path: Path, title: str)
         ax.legend(fontsize=7, ncol=2)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    save_figure(fig, path)

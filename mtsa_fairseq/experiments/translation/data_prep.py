@@ -1,9 +1,6 @@
-"""Prepare a raw parallel corpus for fairseq: normalise, filter, sentencepiece, binarise.
-
-Used by ``scripts/prepare_data.py``; writes the prepared data directory (``manifest.json``, ``bin/``,
-``spm.model``, ``raw/``) described by :func:`build_manifest`. Reading, normalisation (:func:`normalize`) and the
-training-only filters are described in docs/experiment.md (1. Data).
-"""
+"""Prepare a raw parallel corpus for fairseq (``scripts/prepare_data.py``): normalise, filter, sentencepiece, binarise
+into the prepared data directory (``manifest.json``, ``bin/``, ``spm.model``, ``raw/``; :func:`build_manifest`).
+Reading, normalisation (:func:`normalize`) and the training-only filters: docs/experiment.md (1. Data)."""
 
 from __future__ import annotations
 
@@ -92,8 +89,6 @@ class TrainStats:
 
 
 # ----------------------------------------------------------------------------------------------- text
-
-
 def normalize(text: str, form: str = "nfkc") -> str:
     """Normalise one line (docs/experiment.md, 1. Data); ``form`` is ``nfkc``, ``nfc`` or ``none``."""
     if form not in NORMALIZATIONS:
@@ -116,8 +111,6 @@ def filter_reason(src_len: int, tgt_len: int, max_tokens: int, max_ratio: float 
 
 
 # ------------------------------------------------------------------------------------------ reading
-
-
 def count_lines(path: Path) -> int:
     """Number of lines as :func:`iter_lines` yields them; a line that is not UTF-8 raises DataError naming it."""
     return sum(1 for _ in iter_lines(path, DataError))
@@ -139,8 +132,6 @@ def check_pair(src: Path, tgt: Path, what: str) -> int:
 
 
 # --------------------------------------------------------------------------------------- validation
-
-
 def _check_dir_target(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} exists and is not a directory")
@@ -201,8 +192,6 @@ def validate(cfg: PrepareConfig) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------ normalisation
-
-
 def _open_out(path: Path) -> TextIO:
     return open(path, "w", encoding="utf-8", newline="\n")
 
@@ -210,9 +199,8 @@ def _open_out(path: Path) -> TextIO:
 def normalize_train(corpora: list[Corpus], form: str, out: tuple[Path, Path], valid_every: int | None = None,
                     valid_out: tuple[Path, Path] | None = None,
                     log: Callable[[str], None] = print) -> tuple[TrainStats, int]:
-    """Normalise the concatenated training corpora into ``out``, dropping pairs with an empty side; with
-    ``valid_every`` = N, every N-th pair (1-based) goes, unfiltered, to ``valid_out`` instead. Returns the
-    training statistics and the number of held-out pairs."""
+    """Normalise the concatenated training corpora into ``out``, dropping pairs with an empty side; with ``valid_every``
+    = N, every N-th pair goes, unfiltered, to ``valid_out``. Returns the training statistics and the pairs held out."""
     stats, held_out, index = TrainStats(), 0, 0
     with ExitStack() as stack:
         train_files = [stack.enter_context(_open_out(p)) for p in out]
@@ -251,8 +239,6 @@ def copy_decompressed(src: Path, dst: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------ sentencepiece
-
-
 def train_sentencepiece(inputs: list[Path], model_prefix: Path, vocab_size: int, model_type: str = "unigram",
                         character_coverage: float = 1.0, input_sentence_size: int = 10_000_000, workers: int = 1,
                         seed: int = 1) -> spm.SentencePieceProcessor:
@@ -324,8 +310,6 @@ def encode_train(encoder: PieceEncoder, src: tuple[Path, Path], dst: tuple[Path,
 
 
 # ------------------------------------------------------------------------------------------- fairseq
-
-
 def binarize(workdir: Path, source_lang: str, target_lang: str, num_tests: int, workers: int) -> None:
     """Run ``fairseq-preprocess --joined-dictionary`` on ``workdir/work/{train,valid,test*}`` into ``workdir/bin``
     (paths relative to ``workdir``: fairseq splits ``--testpref`` on commas)."""
@@ -367,8 +351,6 @@ def dictionary_size(bin_dir: Path, lang: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------ manifest
-
-
 def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid_lines: int,
                    test_lines: dict[str, int], files: dict[str, dict]) -> dict:
     """The ``manifest.json`` of a prepared directory (schema ``mtsa-fairseq.data.v1``, paths relative to it):
@@ -388,8 +370,6 @@ def build_manifest(cfg: PrepareConfig, vocab_size: int, train: TrainStats, valid
 
 
 # ------------------------------------------------------------------------------------------- prepare
-
-
 def prepare(cfg: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     """Validate, then write the prepared directory ``cfg.out`` (staged in a hidden sibling: on any error or
     interrupt ``cfg.out`` is left as it was); return its manifest."""
@@ -475,5 +455,3 @@ def _log_summary(cfg: PrepareConfig, out: Path, stats: TrainStats, counts: dict[
     log(f"[prepare] vocabulary: {manifest['vocab_size']:,} sentencepiece pieces ({cfg.model_type}), "
         f"fairseq dictionary {dictionary_size(out / 'bin', cfg.source_lang):,} entries")
     log(f"[prepare] wrote {out}")
-
-

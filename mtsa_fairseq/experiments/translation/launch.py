@@ -1,12 +1,7 @@
 """Train several seeds of one config with ``fairseq-train``, resumably, locally, under torchrun or on Slurm
-(docs/experiment.md, 2. Training).
-
-Each seed trains in ``SAVE_ROOT/<config name>/seed<k>/`` (contract 2): fairseq's checkpoints, ``train.log``
-(appended over resumed sessions) and ``run.json``. A run is done when fairseq exited 0 and ``checkpoint_last.pt``
-reached ``--max-update``; launching again skips done runs and restarts the others in the same directory, where
-fairseq restores ``checkpoint_last.pt`` itself. :func:`~.plan.plan` checks everything before anything is written;
-:func:`execute` then trains or submits Slurm jobs (:mod:`.slurm`).
-"""
+(docs/experiment.md, 2. Training): each seed in ``SAVE_ROOT/<config name>/seed<k>/`` (contract 2), done when fairseq
+exited 0 at ``--max-update``; launching again skips done runs and resumes the others from ``checkpoint_last.pt``.
+:func:`~.plan.plan` checks everything before anything is written; :func:`execute` trains or submits Slurm jobs."""
 
 from __future__ import annotations
 

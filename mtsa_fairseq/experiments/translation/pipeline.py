@@ -1,8 +1,7 @@
 """The pipeline's steps (``mtsa-pipeline``), each a project command run as a subprocess (``python -m``, so an
 installed wheel works as a checkout does), and the layout of its OUT: ``data/`` (unless ``--data`` names a
 prepared directory), ``runs/<config>/seed<k>/``, ``results/<config>_seed<k>_<test>.json`` and the report (in
-``--report-dir``). Every step keeps what an earlier run finished.
-"""
+``--report-dir``). Every step keeps what an earlier run finished."""
 
 from __future__ import annotations
 

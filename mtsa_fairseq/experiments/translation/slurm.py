@@ -1,8 +1,6 @@
-"""Slurm jobs through submitit: one job per seed, one task per GPU (one per node on CPU), requeued on a timeout
-or a preemption. Task 0 holds the run's lock, writes ``train.log`` and keeps ``run.json``; a run recorded
-``requeued`` is trusted only after asking Slurm (:func:`job_state`) what became of its job. The protocol is
-described in docs/experiment.md (Slurm).
-"""
+"""Slurm jobs through submitit (docs/experiment.md, Slurm): one job per seed, one task per GPU (one per node on CPU),
+requeued on a timeout or a preemption. Task 0 holds the run's lock, writes ``train.log`` and keeps ``run.json``; a run
+recorded ``requeued`` is trusted only after asking Slurm (:func:`job_state`) what became of its job."""
 
 from __future__ import annotations
 
@@ -120,10 +118,9 @@ def _query(command: list[str]) -> subprocess.CompletedProcess:
 
 
 def job_state(job_id: str) -> str | None:
-    """What Slurm says of job ``job_id``: its state (``PENDING``, ``RUNNING``, ``CANCELLED``, ...), or None when
-    neither the controller (``scontrol``, which keeps finished jobs for ``MinJobAge``) nor the accounting
-    database (``sacct``, where the cluster has one) knows it. A controller that does not answer is a
-    :class:`LaunchError`: then nothing can be decided."""
+    """What Slurm says of job ``job_id``: its state (``PENDING``, ``RUNNING``, ``CANCELLED``, ...), or None when neither
+    the controller (``scontrol``, which keeps finished jobs for ``MinJobAge``) nor the accounting database (``sacct``)
+    knows it. A controller that does not answer is a :class:`LaunchError`: then nothing can be decided."""
     proc = _query(["scontrol", "--oneliner", "show", "job", str(job_id)])
     if proc.returncode == 0:
         for field in proc.stdout.split():

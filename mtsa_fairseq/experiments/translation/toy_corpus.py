@@ -2,8 +2,7 @@
 
 Source sentences are English-like ``DET ADJ* NOUN VERB DET ADJ* NOUN [PREP DET NOUN]``; targets put
 the verb last (SOV), mark determiners and adjectives for the noun's gender and number, and inflect the
-verb for the subject's number, so every target word depends on words elsewhere in the source.
-"""
+verb for the subject's number, so every target word depends on words elsewhere in the source."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Training configurations: one YAML file per (setup, system) in ``configs/``, mapped to ``fairseq-train`` options.
 
-A config holds the run's identity (``name`` = file stem, ``system``, ``setup``), what it assumes
-(``hardware``), how to pick the checkpoint to score (``average_last``), an optional training-only length
-filter (``train_max_length``, t2t's ``max_length``) and the ``fairseq`` options: ``key: value`` becomes
-``--key value``, ``true`` a bare flag, ``false``/``null`` nothing, and a list ``--key v1 v2 ...``.
-Every option name and value is checked against ``fairseq-train``'s own parser with the plugin loaded. A key
-given twice in one mapping is an error (:func:`mtsa_fairseq.contracts.load_yaml`), not a silent override.
-"""
+A config holds the run's identity (``name`` = file stem, ``system``, ``setup``), what it assumes (``hardware``), how
+to pick the checkpoint to score (``average_last``), an optional training-only length filter (``train_max_length``,
+t2t's ``max_length``) and the ``fairseq`` options (as :mod:`~mtsa_fairseq.experiments.fairseq_train` turns them into
+arguments), each checked against ``fairseq-train``'s own parser; a key given twice in one mapping is an error."""
 
 from __future__ import annotations
 

@@ -101,9 +101,8 @@ def read_index(path: Path) -> tuple[bytes, np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class TrainView:
-    """A data directory in which the training subset holds only pairs of at most ``max_length`` tokens per
-    side (EOS included); every other file is a link to the original data-bin. The ``.bin`` token files are
-    shared: only the ``.idx`` files of the training subset are rewritten."""
+    """A data directory whose training subset holds only pairs of at most ``max_length`` tokens per side (EOS
+    included): its ``.idx`` files rewritten, every other file (the ``.bin`` token files too) a link to the data-bin."""
 
     source: Path
     path: Path

@@ -119,6 +119,10 @@ def test_rescore_adds_new_metrics_and_refuses_changed_hypotheses(tmp_path):
     assert json.loads(result.read_text(encoding="utf-8")) == rescored
     proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result)], capture_output=True, text=True)
     assert proc.returncode == 2 and "--rescore needs --target-lang" in proc.stderr
+    (tmp_path / "r.hyp.txt").unlink()  # a result whose hypotheses are gone: one line naming the file
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result), "--target-lang", "de"],
+                          capture_output=True, text=True, env=ENV)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "r.hyp.txt" in proc.stderr
 
 
 def test_tokenized_compound_split_bleu_by_hand():

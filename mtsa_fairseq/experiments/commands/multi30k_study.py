@@ -1,8 +1,8 @@
 """The Multi30k study (docs/results-multi30k.md), end to end and resumable: Multi30k task 1 En-De,
 configs/multi30k_transformer.yaml against configs/multi30k_mtsa.yaml, N seeds each, seed by seed (a seed's two runs
 side by side, one CPU core each), each finished seed scored on both test sets at checkpoint_last.pt and at the
-average of the last 5 epoch checkpoints: OUT/report[-avg5][-tokenized].md (Welch's t-test, paired tests; sacreBLEU
-or tokenized compound-split BLEU), OUT/runs.md, OUT/curves.png and OUT/study.json.
+average of the last 5 epoch checkpoints: OUT/report[-avg5][-lowercased|-tokenized].md (Welch's t-test, paired
+tests; sacreBLEU, lowercased or tokenized compound-split BLEU), OUT/runs.md, OUT/curves.png and OUT/study.json.
 
   python scripts/multi30k_study.py --multi30k path/to/multi30k --out multi30k-probe --seeds 1 \\
       --max-update 20000 --train-only

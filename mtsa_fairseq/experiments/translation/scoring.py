@@ -165,12 +165,9 @@ def rescore(path: Path, target_lang: str) -> dict[str, Any]:
     """The result file ``path`` with its ``bleu`` block recomputed from its hypotheses and references (adding the
     metrics scored since it was written); a recorded value the recomputation does not reproduce is an error."""
     result = read_json(path, RESULT_SCHEMA, "result file", ScoringError)
-    files = [result_file(result, key, path) for key in ("hypotheses", "references")]
-    for file in files:
-        if not file.is_file():
-            raise ScoringError(f"{path} names {file}, which is not a file")
-    hypotheses = read_lines(files[0], ScoringError)
-    bleu = bleu_scores(hypotheses, read_references(files[1], result.get("num_sentences")), target_lang)
+    hypotheses = read_lines(result_file(result, "hypotheses", path), ScoringError)
+    references = read_references(result_file(result, "references", path), result.get("num_sentences"))
+    bleu = bleu_scores(hypotheses, references, target_lang)
     recorded = result.get("bleu") or {}
     for key, value in recorded.items():
         if key in bleu and bleu[key] != value:

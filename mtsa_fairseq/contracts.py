@@ -134,6 +134,25 @@ def check_checksums(root: Path, recorded: dict[str, dict[str, Any]], error: type
                         f"{Path(root) / 'manifest.json'}); prepare the data again")
 
 
+def check_dictionaries(run: dict[str, Any] | None, checkpoint: Path, data_dir: Path,
+                       error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` when the dictionaries ``run`` (the checkpoint's run.json) recorded, their SHA-256, are not
+    those of ``data_dir``: the same size or not, the token ids would mean other words. A run that recorded none
+    (an older run.json) checks nothing."""
+    recorded = (run or {}).get("dictionaries") or {}
+    missing = [name for name in recorded if not (Path(data_dir) / name).is_file()]
+    found = checksums(data_dir, [name for name in recorded if name not in missing])
+    differs = missing + [name for name, entry in found.items() if entry["sha256"] != recorded[name]]
+    if differs:
+        raise error(f"{checkpoint} was trained with another {differs[0]} than {Path(data_dir) / differs[0]} "
+                    "(its run.json records the dictionaries it was trained with): use it on its own data")
+
+
+def run_beside(checkpoint: Path, error: type[Exception] = ValueError) -> dict[str, Any] | None:
+    """The run.json in ``checkpoint``'s directory (:func:`read_run`), None where there is none."""
+    return read_run(Path(checkpoint).parent, error) if (Path(checkpoint).parent / "run.json").is_file() else None
+
+
 def read_sentence_manifest(data: str | Path) -> dict[str, Any]:
     """A prepared sentence dataset's ``manifest.json``, its files checked against the checksums it recorded;
     ``ValueError`` naming the problem otherwise."""

@@ -330,6 +330,19 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
         average_script("--inputs", str(root / "seed1"), "--num-update-checkpoints", "9", "--averaged",
                        str(tmp_path / "nine.pt"))
     assert not (tmp_path / "nine.pt").exists()
+    record = json.loads((root / "seed1" / "run.json").read_text())
+    assert set(record["dictionaries"]) == {"dict.en.txt", "dict.de.txt"}
+    other = tmp_path / "other_run"  # a run on another corpus whose dictionaries have the same sizes
+    other.mkdir()
+    shutil.copyfile(inputs[0], other / inputs[0].name)
+    (other / "run.json").write_text(json.dumps({**record, "dictionaries": {**record["dictionaries"],
+                                                                           "dict.de.txt": "0" * 64}}))
+    with pytest.raises(SystemExit) as refused:
+        average_script("--inputs", str(inputs[1]), str(other / inputs[0].name), "--averaged", str(tmp_path / "x.pt"))
+    assert refused.value.code == (  # sys.exit(message): the line on stderr, status 1
+        f"error: {other / inputs[0].name} was trained with another dict.de.txt than {inputs[1]} (their run.json "
+        "files record the dictionaries): average checkpoints of one vocabulary")
+    assert not (tmp_path / "x.pt").exists()
     gen = tool("fairseq-generate", str(corpus / "prepared/bin"), "--user-dir", USER_DIR, "--path", str(out), "--cpu",
                "--beam", "2", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0")
     assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 20

@@ -5,15 +5,16 @@ or before their evaluation, and unreadable best checkpoints."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 
 import pytest
 import torch
 from process_helpers import trainers_on, wait_for
-from sentence_helpers import ROOT, SMALL, run
+from sentence_helpers import ROOT, SMALL, prepare, run, trec_lines
 
-from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.contracts import checksums, read_run
 from mtsa_fairseq.experiments.fairseq_train import options_to_args, parse_fairseq_train
 from mtsa_fairseq.experiments.runs import checkpoint_updates, write_run
 from mtsa_fairseq.experiments.sentence.runs import ExperimentError, load_task_config
@@ -146,6 +147,18 @@ def test_a_run_stopped_after_training_before_its_evaluation_is_evaluated_not_tra
     assert json.loads(result_path.read_text()) == first
     record = read_run(run_dir, AssertionError)
     assert (record["status"], record["num_updates"]) == ("done", 10)
+    assert record["dictionaries"] == {"dict.txt": checksums(trec_data, ["dict.txt"])["dict.txt"]["sha256"]}
+    raw = tmp_path / "other_raw"  # another corpus of the same task: another dictionary
+    raw.mkdir()
+    rng = random.Random(1)
+    (raw / "train_5500.label").write_text("\n".join(trec_lines(400, rng)) + "\n", encoding="latin-1")
+    (raw / "TREC_10.label").write_text("\n".join(trec_lines(60, rng)) + "\n", encoding="latin-1")
+    other = prepare("trec", raw, tmp_path / "other")
+    refused = run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint",
+                  str(run_dir / "checkpoint_best.pt"), "--data", str(other), check=False)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1] == (
+        f"error: {run_dir / 'checkpoint_best.pt'} was trained with another dict.txt than {other / 'dict.txt'} (its "
+        "run.json records the dictionaries it was trained with): use it on its own data")
 
 
 @pytest.mark.parametrize("status", ["done", "running"], ids=["evaluation-lost", "killed"])
@@ -248,3 +261,21 @@ def test_experiment_refuses_a_bad_option_before_training(trec_data, tmp_path):
         f"'--encoder-hiden-dim' is not a fairseq-train option (arch multi_cnn_encoder, with --user-dir "
         f"{ROOT / 'mtsa_fairseq'})")
     assert not (tmp_path / "exp").exists()  # mtsa_encoder did not train first
+
+
+@pytest.mark.parametrize("section, line, message", [
+    ("fairseq", "  dropout: [0.1]", ": fairseq option 'dropout': takes one value, not the list [0.1]"),
+    ("fairseq", "  cpu: maybe", ": fairseq option 'cpu': a flag takes true or false, not 'maybe'"),
+    ("fairseq", "  clip-norm: {a: 1}", ": fairseq option 'clip-norm': takes a value, not the mapping {'a': 1}"),
+    ("arch_overrides", "  mtsa_encoder: {embed-dim: [16, 32]}",
+     " (arch_overrides.mtsa_encoder): fairseq option 'embed-dim': takes one value, not the list [16, 32]"),
+])
+def test_task_config_values_are_checked_as_fairseq_reads_them(tmp_path, section, line, message):
+    from mtsa_fairseq.experiments.sentence.runs import check_options
+
+    config = tmp_path / "small.yaml"
+    text = SMALL.format(updates=10)
+    config.write_text(text + line + "\n" if section == "fairseq" else text + "arch_overrides:\n" + line + "\n")
+    with pytest.raises(ExperimentError) as caught:
+        check_options(load_task_config(config), ["mtsa_encoder"], tmp_path, [])
+    assert str(caught.value) == f"{config}{message}"

@@ -1,7 +1,7 @@
 """Average the parameters of several fairseq checkpoints (e.g. a run's last N interval checkpoints): floating-point
 parameters are summed in float64 and cast back to their dtype, everything else (integer buffers, config, optimizer
-history) is the newest checkpoint's (the most updates). Checkpoints are read with ``torch.load(weights_only=True)``
-(:mod:`mtsa_fairseq.checkpoint_safety`)."""
+history) is the newest checkpoint's (the most updates). Checkpoints whose run.json files record different dictionaries
+are refused. Checkpoints are read with ``torch.load(weights_only=True)`` (:mod:`mtsa_fairseq.checkpoint_safety`)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,24 @@ def num_updates(state: dict[str, Any]) -> int:
     return int(history[-1].get("num_updates", 0))
 
 
+def _check_same_dictionaries(paths: list[Path]) -> None:
+    """Refuse checkpoints whose run.json files (beside them) record different dictionaries: with the same sizes
+    their parameters would average, meaning nothing."""
+    from mtsa_fairseq.contracts import run_beside
+
+    first: tuple[Path, dict[str, str]] | None = None
+    for path in paths:
+        recorded = (run_beside(path, AverageError) or {}).get("dictionaries")
+        if not recorded:
+            continue
+        if first is None:
+            first = (path, recorded)
+        elif recorded != first[1]:
+            name = next(n for n in sorted({*recorded, *first[1]}) if recorded.get(n) != first[1].get(n))
+            raise AverageError(f"{path} was trained with another {name} than {first[0]} (their run.json files "
+                               "record the dictionaries): average checkpoints of one vocabulary")
+
+
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """The newest of ``paths`` with its model parameters replaced by the mean over all ``paths``."""
     import torch
@@ -65,6 +83,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         raise AverageError("no checkpoints to average")
     if len(set(p.resolve() for p in paths)) != len(paths):
         raise AverageError("a checkpoint is listed twice")
+    _check_same_dictionaries(paths)
     sums: dict[str, torch.Tensor] = {}
     newest: dict[str, Any] | None = None
     keys: list[str] | None = None

@@ -66,7 +66,7 @@ def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | No
     task options included) and return the namespace. An unknown option or a bad value raises
     :class:`ConfigError` naming it; ``origins`` maps ``--flag`` to where it came from, for the message.
     ``values``, the config's ``{key: value}`` options that ARGS came from, are checked as fairseq reads them:
-    a flag takes true, false or null, and an option of one value takes no list."""
+    a flag takes true, false or null, an option of one value takes no list, and no option takes a mapping."""
     from fairseq import options
 
     import mtsa_fairseq.plugin  # noqa: F401  (the package is imported already, so --user-dir registers nothing)
@@ -76,6 +76,9 @@ def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | No
     def where(flag: str) -> str:
         return origins.get(flag, f"option {flag}")
 
+    mapping = next((key for key, value in (values or {}).items() if isinstance(value, dict)), None)
+    if mapping is not None:
+        raise ConfigError(f"{where(f'--{mapping}')}: takes a value, not the mapping {values[mapping]!r}")
     parser = options.get_training_parser()
 
     def fail(message: str) -> None:

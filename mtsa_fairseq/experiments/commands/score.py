@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+from mtsa_fairseq.contracts import check_dictionaries
 from mtsa_fairseq.experiments.files import readable_json, write_json
 from mtsa_fairseq.experiments.processes import RunLock, run_command
 from mtsa_fairseq.experiments.translation import scoring
@@ -104,7 +105,7 @@ def _main() -> None:
         parser.error("--result is required")
     checkpoint, run = scoring.resolve_checkpoint(args.run_dir, args.checkpoint, args.allow_diverged)
     inputs = resolve_data(args, parser)
-    scoring.check_dictionaries(run, checkpoint, inputs.data_bin)
+    check_dictionaries(run, checkpoint, inputs.data_bin, scoring.ScoringError)
     references = scoring.read_test_set(inputs)
     try:
         args.result.parent.mkdir(parents=True, exist_ok=True)

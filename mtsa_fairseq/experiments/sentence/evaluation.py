@@ -1,6 +1,7 @@
 """Evaluate a trained sentence encoder on one split: accuracy, or Pearson r / Spearman rho / MSE (SICK), as one JSON
 result with the per-example predictions (for the significance tools). The model, task options (``--cv-fold``
-included) and data directory come from the checkpoint; the data directory and fold can be overridden."""
+included) and data directory come from the checkpoint; the data directory and fold can be overridden, and data whose
+dictionary is not the one the checkpoint's run.json records is refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, relative_path
+from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, check_dictionaries, relative_path, run_beside
 from mtsa_fairseq.experiments.files import write_json
 
 
@@ -38,6 +39,10 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
     task_name = task_cfg.get("_name") if hasattr(task_cfg, "keys") else getattr(task_cfg, "_name", None)
     if task_name not in (None, "sentence_encoding"):  # before building: a translation task would look for its files
         raise EvaluationError(f"{checkpoint} is a {task_name} checkpoint, not a sentence_encoding one")
+    data_dir = data if data is not None else (task_cfg.get("data") if hasattr(task_cfg, "keys")
+                                              else getattr(task_cfg, "data", None))
+    if data_dir:  # before building: a dictionary of another size would fail there, of the same size not at all
+        check_dictionaries(run_beside(checkpoint, EvaluationError), checkpoint, Path(data_dir), EvaluationError)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
                                                                       state=state)
     if getattr(cfg.task, "_name", None) != "sentence_encoding" and not hasattr(task, "kind"):

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, read_json
+from mtsa_fairseq.contracts import RUN_SCHEMA, SENTENCE_RESULT_SCHEMA, checksums, read_json
 from mtsa_fairseq.experiments.errors import ConfigError, LaunchError
 from mtsa_fairseq.experiments.fairseq_train import (
     USER_DIR,
@@ -117,14 +117,15 @@ class Run:
 
 def check_options(config: TaskConfig, archs: list[str], data: Path, extra: list[str]) -> None:
     """Parse each architecture's fairseq-train options (the config's, its overrides, ``extra``) with
-    fairseq-train's real parser before anything trains; a bad option raises ExperimentError naming it."""
+    fairseq-train's real parser, their values as fairseq reads them, before anything trains; a bad option or value
+    raises ExperimentError naming the file and key."""
     for arch in archs:
         options = config.options(arch)
         options.pop("task", None)
         where = config.path if arch not in config.arch_overrides else f"{config.path} (arch_overrides.{arch})"
         try:
             parse_fairseq_train(str(data), ["--task", "sentence_encoding", "--arch", arch, *options_to_args(options),
-                                            *extra], option_origins(where, options, extra))
+                                            *extra], option_origins(where, options, extra), options)
         except ConfigError as err:
             raise ExperimentError(str(err)) from None
 
@@ -276,7 +277,8 @@ def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data
               "arch": run.arch, "seed": run.seed, "fold": run.fold, "status": "running", "command": command,
               "data": str(data), "checkpoint": str(run_dir / "checkpoint_best.pt"), "num_updates": None,
               "train_target_tokens_per_second": None, "max_update": budget, "average_last": 0, "launcher": "local",
-              "world_size": 1, **(notes or {})}
+              "world_size": 1, "dictionaries": {"dict.txt": checksums(data, ["dict.txt"])["dict.txt"]["sha256"]},
+              **(notes or {})}
     with session(run_dir, record, run.key, lambda line: log(f"[experiment] {line}"), cpu=True) as started:
         done = started.resumed_from
         if done >= budget:  # trained, then stopped before run.json was filled in: fairseq would train one more update

@@ -31,12 +31,12 @@ from mtsa_fairseq.contracts import (
     MANIFEST_SCHEMA,
     RESULT_SCHEMA,
     check_checksums,
-    checksums,
     read_json,
     read_lines,
     read_run,
     record_path,
     relative_path,
+    run_beside,
 )
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic
@@ -195,25 +195,13 @@ def resolve_checkpoint(run_dir: Path | None, checkpoint: Path | None,
         checkpoint = Path(run["checkpoint"])  # read_run resolves it (run.json names it from the run directory)
     else:
         run_dir = checkpoint.parent
-        run = read_run(run_dir, ScoringError) if (run_dir / "run.json").is_file() else None
+        run = run_beside(checkpoint, ScoringError)
     if run and run.get("status") == "diverged" and not allow_diverged:
         raise ScoringError(f"run {run_dir} diverged (its last training loss is {run.get('last_loss')}): pass "
                            "--allow-diverged to score it anyway")
     if not checkpoint.is_file():
         raise ScoringError(f"checkpoint not found: {checkpoint}")
     return checkpoint, run
-
-
-def check_dictionaries(run: dict[str, Any] | None, checkpoint: Path, data_bin: Path) -> None:
-    """Refuse to score ``checkpoint`` on ``data_bin`` when the dictionaries its run.json recorded (their SHA-256)
-    are not the data's: the same size or not, the token ids would mean other words."""
-    recorded = (run or {}).get("dictionaries") or {}
-    missing = [name for name in recorded if not (Path(data_bin) / name).is_file()]
-    found = checksums(data_bin, [name for name in recorded if name not in missing])
-    differs = missing + [name for name, entry in found.items() if entry["sha256"] != recorded[name]]
-    if differs:
-        raise ScoringError(f"{checkpoint} was trained with another {differs[0]} than {Path(data_bin) / differs[0]} "
-                           "(its run.json records the dictionaries it was trained with): score it on its own data")
 
 
 @dataclass(frozen=True)

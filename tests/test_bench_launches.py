@@ -145,6 +145,15 @@ def test_tiny_benchmark_writes_every_level_layer_and_padding(tmp_path):
 
 
 def test_usage_errors():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--layers", "mtsa-sdpa-joint"], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("give --dropouts 0")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--layers", "mtsa-sdpa-joint", "--dropouts", "0.1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("give 0 among --dropouts")
+
+
+def test_the_joint_kernel_is_measured_at_dropout_0_only():
+    args = argparse.Namespace(levels=["layer"], layers=["transformer", "mtsa-sdpa-joint"], s2t_activations=["sigmoid"],
+                              dropouts=[0.0, 0.1], batch=2, length=6, dim=16, heads=2, rounds=1, device="cpu",
+                              dtype="float32", layers_per_stack=1)
+    rows = launches.measure(args)
+    assert [(r["layer"], r["dropout"]) for r in rows] == [("transformer", 0.0)] * 2 + [("transformer", 0.1)] * 2 + [
+        ("mtsa-sdpa-joint", 0.0)] * 2

@@ -5,7 +5,7 @@ against ``transformer_mtsa_wmt_en_de``, ``--layers-per-stack`` encoder and decod
 of ``--length`` tokens of width ``--dim``, with one left-padded sequence and without, at each of ``--dropouts``.
 
 ``--layers``: ``transformer`` (fairseq's); ``mtsa`` (``--mtsa-kernel auto``, one row per ``--s2t-activations``
-form); ``mtsa-sdpa-joint``, ``mtsa-dense``, ``mtsa-triton``, the kernel fixed (``sdpa-joint`` needs ``--dropouts 0``,
+form); ``mtsa-sdpa-joint``, ``mtsa-dense``, ``mtsa-triton``, the kernel fixed (``sdpa-joint`` at dropout 0 only,
 ``triton`` CUDA). A step (forward, then backward from ones) is counted after warm-up steps; time: the median of
 ``--rounds`` steps, all rows taking turns in each round (ABBA), in this one process.
 
@@ -58,8 +58,8 @@ def _main() -> None:
     measure.check_positive(parser, args)
     if not all(0.0 <= p < 1.0 for p in args.dropouts):
         parser.error("--dropouts must be in [0, 1)")
-    if "mtsa-sdpa-joint" in args.layers and any(args.dropouts):
-        parser.error("mtsa-sdpa-joint has no attention dropout: give --dropouts 0")
+    if "mtsa-sdpa-joint" in args.layers and 0 not in args.dropouts:
+        parser.error("mtsa-sdpa-joint has no attention dropout: give 0 among --dropouts")
     measure.check_outputs(parser, args.json, args.markdown, what="directory")
     measure.check_device(parser, args.device)
     measure.check_triton(parser, args.layers, args.device)

@@ -1,6 +1,7 @@
-"""The MTSA encoder's pass (models/transformer_mtsa.py): fairseq's ``has_pads`` read once, the layers' underflow
-checks deferred to one read after the pass, and the same outputs as the layers run one by one, each with its own
-check, including when a layer's linear-space products underflow and when a sequence is padding only."""
+"""The MTSA encoder's and decoder's passes (models/transformer_mtsa.py): fairseq's ``has_pads`` read once, the
+layers' underflow checks deferred to one read after the pass, the decoder's future mask read once, and the same
+outputs as the layers run one by one, each with its own check, including when a layer's linear-space products
+underflow and when a sequence is padding only."""
 
 from pathlib import Path
 
@@ -102,3 +103,66 @@ def test_activation_checkpointing_recomputes_the_same_gradients(tmp_path):
         grads.append([p.grad for p in encoder.parameters()])
     for plain, checkpointed in zip(*grads):
         torch.testing.assert_close(plain, checkpointed)
+
+
+def targets() -> torch.Tensor:
+    tokens = torch.randint(4, 64, (3, 6))
+    tokens[:, 0] = 2  # fairseq's previous output tokens start with </s>
+    tokens[1, 4:] = 1  # right-padded, as fairseq batches targets
+    return tokens
+
+
+@pytest.mark.parametrize("underflow", [False, True], ids=["plain", "a-layer-underflows"])
+def test_the_decoder_pass_equals_its_layers_checking_one_by_one(tmp_path, monkeypatch, underflow):
+    """A causal MTSA decoder's pass over whole targets shares one check; when a layer's products underflow the
+    whole pass runs again with each layer checking on its own, and the output is that of the layers checking
+    one by one (fairseq's own pass, ``extract_features_scriptable``)."""
+    model = build(tmp_path, "transformer_mtsa_tiny", "--dropout", "0", "--decoder-self-attention-type", "mtsa",
+                  "--decoder-layers", "3")
+    decoder = model.decoder
+    if underflow:
+        with torch.no_grad():
+            decoder.layers[1].self_attn.s2t.bias.fill_(-1e4)
+    encoder_out = model.encoder(sources(), None)
+    calls = []
+    forward = MTSAMultiheadAttention.forward
+
+    def recording(self, *args, **kwargs):
+        calls.append(next(i for i, layer in enumerate(decoder.layers) if layer.self_attn is self))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(MTSAMultiheadAttention, "forward", recording)
+    prev = targets()
+    out = decoder(prev, encoder_out)[0]
+    assert calls == ([0, 1, 2, 0, 1, 2] if underflow else [0, 1, 2])
+    expected = decoder.output_layer(decoder.extract_features_scriptable(prev, encoder_out)[0])
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)
+
+
+def test_the_mtsa_decoder_reads_the_host_once_per_pass_more_than_fairseqs(tmp_path):
+    """fairseq's decoder reads once whether the targets hold padding; the MTSA decoder's layers add one read after
+    the pass (not one per layer) and, in the first pass only, one reading the future mask, nothing in the backward."""
+    prev = targets()
+    syncs = []
+    for extra in ((), ("--decoder-self-attention-type", "mtsa")):
+        model = build(tmp_path, "transformer_mtsa_tiny", "--decoder-layers", "3", *extra)
+        with torch.no_grad():
+            encoder_out = model.encoder(sources(), None)
+        for _ in range(2):
+            counts = count_step(lambda decoder=model.decoder, out=encoder_out: decoder(prev, out)[0])
+            assert counts["backward"]["syncs"] == 0
+            syncs.append(counts["forward"]["syncs"])
+    assert syncs[2:] == [syncs[0] + 2, syncs[1] + 1]
+
+
+def test_a_future_mask_changed_in_place_is_checked_again():
+    m = MTSAMultiheadAttention(8, 2, causal=True)
+    x = torch.randn(5, 2, 8)
+    buffer = torch.triu(torch.full((6, 6), float("-inf")), 1)
+    m(x, x, x, attn_mask=buffer[:5, :5])
+    m(x, x, x, attn_mask=buffer[:5, :5])  # the same buffer, unchanged: not read again
+    buffer[4, 0] = float("-inf")
+    with pytest.raises(ValueError, match="accepts only the decoder's future mask"):
+        m(x, x, x, attn_mask=buffer[:5, :5])

@@ -178,9 +178,36 @@ def _run_layers(layers, x: Tensor, padding: Tensor | None) -> list[tuple[Tensor,
 
 
 class TransformerMTSADecoder(TransformerDecoder):
+    """fairseq's decoder with :class:`MTSADecoderLayer` layers. A pass over whole targets (training, scoring: no
+    incremental state) outside TorchScript and torch.compile shares one ``SharedPass`` across its MTSA layers, as the
+    encoder's does: one host read after the pass; if a layer's products underflowed, the pass runs again with each
+    layer checking on its own. Incremental decoding checks per call (a step cannot run twice on its cache)."""
+
     def build_decoder_layer(self, args: Namespace, no_encoder_attn: bool = False) -> nn.Module:
         cfg = TransformerConfig.from_namespace(args)
         return _wrap_layer(MTSADecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def extract_features(self, prev_output_tokens: Tensor, encoder_out: dict[str, list[Tensor]] | None,
+                         incremental_state: dict[str, dict[str, Tensor | None]] | None = None,
+                         full_context_alignment: bool = False, alignment_layer: int | None = None,
+                         alignment_heads: int | None = None) -> tuple[Tensor, dict[str, list[Tensor | None]]]:
+        if torch.jit.is_scripting() or incremental_state is not None:
+            return self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                    full_context_alignment, alignment_layer, alignment_heads)
+        return self._shared_pass(prev_output_tokens, encoder_out, full_context_alignment, alignment_layer,
+                                 alignment_heads)
+
+    @torch.jit.unused
+    def _shared_pass(self, prev_output_tokens: Tensor, encoder_out: dict[str, list[Tensor]] | None,
+                     full_context_alignment: bool, alignment_layer: int | None,
+                     alignment_heads: int | None) -> tuple[Tensor, dict[str, list[Tensor | None]]]:
+        args = (prev_output_tokens, encoder_out, None, full_context_alignment, alignment_layer, alignment_heads)
+        if torch.compiler.is_compiling():
+            return self.extract_features_scriptable(*args)
+        with shared_pass(SharedPass()) as shared:
+            features = self.extract_features_scriptable(*args)
+            underflowed = shared.first_underflowed() is not None
+        return self.extract_features_scriptable(*args) if underflowed else features
 
 
 @register_model("transformer_mtsa")

@@ -6,6 +6,7 @@ for d_model 512 and 8 heads, reference §1.6)."""
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -172,17 +173,38 @@ def _no_pads(x: Tensor) -> Tensor:
 
 def _check_future_mask(attn_mask: Tensor, length: int) -> None:
     """Accept only fairseq's decoder future mask (``-inf`` or True strictly above the diagonal):
-    MTSA applies causality inside the kernel, so any other mask would be silently ignored. A compiled graph checks
-    only the shape: it cannot branch on the values."""
+    MTSA applies causality inside the kernel, so any other mask would be silently ignored. Eagerly the values are
+    read on the host once per mask (:func:`_check_future_values_once`); a compiled graph checks only the shape: it
+    cannot branch on the values."""
     if list(attn_mask.shape) != [length, length]:
         shape = ", ".join([str(size) for size in attn_mask.shape])
         raise ValueError(f"attn_mask must be the [T, T] = ({length}, {length}) future mask, got ({shape})")
-    if torch.compiler.is_compiling():
-        return
+    if torch.jit.is_scripting():
+        _check_future_values(attn_mask, length)
+    elif not torch.compiler.is_compiling():
+        _check_future_values_once(attn_mask, length)
+
+
+def _check_future_values(attn_mask: Tensor, length: int) -> None:
     future = torch.ones(length, length, dtype=torch.bool, device=attn_mask.device).triu(1)
     if attn_mask.dtype == torch.bool:
         ok = torch.equal(attn_mask, future)
     else:
-        ok = bool((attn_mask == 0).eq(~future).all()) and bool(torch.isneginf(attn_mask[future]).all())
+        ok = bool(torch.where(future, torch.isneginf(attn_mask), attn_mask == 0).all())
     if not ok:
         raise ValueError("MTSAMultiheadAttention(causal=True) accepts only the decoder's future mask as attn_mask")
+
+
+_CHECKED_MASK: tuple[weakref.ref, tuple] | None = None  # the last future mask found right: its base, the view
+
+
+@torch.jit.unused
+def _check_future_values_once(attn_mask: Tensor, length: int) -> None:
+    """:func:`_check_future_values`, skipped for the view last found right while its base is alive and unchanged:
+    fairseq slices each pass's mask from one buffer that every layer and pass share."""
+    global _CHECKED_MASK
+    base = attn_mask if attn_mask._base is None else attn_mask._base
+    key = (attn_mask._version, attn_mask.storage_offset(), attn_mask.stride(), length, attn_mask.dtype)
+    if _CHECKED_MASK is None or _CHECKED_MASK[0]() is not base or _CHECKED_MASK[1] != key:
+        _check_future_values(attn_mask, length)
+        _CHECKED_MASK = (weakref.ref(base), key)

@@ -44,6 +44,19 @@ def layer_by_layer(encoder, tokens: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def record_calls(monkeypatch, layers) -> list[int]:
+    """The list to which every MTSA self-attention call of ``layers`` appends its layer's index."""
+    calls = []
+    forward = MTSAMultiheadAttention.forward
+
+    def recording(self, *args, **kwargs):
+        calls.append(next(i for i, layer in enumerate(layers) if layer.self_attn is self))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(MTSAMultiheadAttention, "forward", recording)
+    return calls
+
+
 @pytest.mark.parametrize("padding_only", [False, True], ids=["padded", "a-sequence-of-padding-only"])
 def test_the_pass_equals_its_layers_run_one_by_one(tmp_path, padding_only):
     encoder = build(tmp_path, "transformer_mtsa_tiny", "--dropout", "0").encoder
@@ -59,14 +72,7 @@ def test_a_layer_whose_products_underflow_runs_again_with_every_layer_after_it(t
     encoder = build(tmp_path, "transformer_mtsa_tiny", "--dropout", "0").encoder
     with torch.no_grad():  # sigmoid(-1e4 / sqrt(d)) is 0 in float32: every denominator of the second layer is 0
         encoder.layers[1].self_attn.s2t.bias.fill_(-1e4)
-    calls = []
-    forward = MTSAMultiheadAttention.forward
-
-    def recording(self, *args, **kwargs):
-        calls.append(next(i for i, layer in enumerate(encoder.layers) if layer.self_attn is self))
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(MTSAMultiheadAttention, "forward", recording)
+    calls = record_calls(monkeypatch, encoder.layers)
     tokens = sources()
     out = encoder(tokens, None)["encoder_out"][0]
     assert calls == [0, 1, 2, 1, 2]
@@ -124,14 +130,7 @@ def test_the_decoder_pass_equals_its_layers_checking_one_by_one(tmp_path, monkey
         with torch.no_grad():
             decoder.layers[1].self_attn.s2t.bias.fill_(-1e4)
     encoder_out = model.encoder(sources(), None)
-    calls = []
-    forward = MTSAMultiheadAttention.forward
-
-    def recording(self, *args, **kwargs):
-        calls.append(next(i for i, layer in enumerate(decoder.layers) if layer.self_attn is self))
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(MTSAMultiheadAttention, "forward", recording)
+    calls = record_calls(monkeypatch, decoder.layers)
     prev = targets()
     out = decoder(prev, encoder_out)[0]
     assert calls == ([0, 1, 2, 0, 1, 2] if underflow else [0, 1, 2])

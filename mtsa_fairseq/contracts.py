@@ -141,8 +141,10 @@ def check_dictionaries(run: dict[str, Any] | None, checkpoint: Path, data_dir: P
     (an older run.json) checks nothing."""
     recorded = (run or {}).get("dictionaries") or {}
     missing = [name for name in recorded if not (Path(data_dir) / name).is_file()]
-    found = checksums(data_dir, [name for name in recorded if name not in missing])
-    differs = missing + [name for name, entry in found.items() if entry["sha256"] != recorded[name]]
+    if missing:
+        raise error(f"{Path(data_dir) / missing[0]} not found: {checkpoint} was trained with a {missing[0]} (its "
+                    "run.json records it)")
+    differs = [name for name, entry in checksums(data_dir, recorded).items() if entry["sha256"] != recorded[name]]
     if differs:
         raise error(f"{checkpoint} was trained with another {differs[0]} than {Path(data_dir) / differs[0]} "
                     "(its run.json records the dictionaries it was trained with): use it on its own data")

@@ -3,6 +3,7 @@ tiny corpus."""
 
 import json
 import os
+import re
 import runpy
 import shutil
 import signal
@@ -17,7 +18,7 @@ from process_helpers import processes_naming, wait_for
 from sacremoses import MosesTokenizer
 
 import mtsa_fairseq.plugin
-from mtsa_fairseq.contracts import RUN_SCHEMA, checksums
+from mtsa_fairseq.contracts import RUN_SCHEMA, check_dictionaries, checksums
 from mtsa_fairseq.experiments.processes import RunLock
 from mtsa_fairseq.experiments.translation import scoring
 from mtsa_fairseq.experiments.translation.data_prep import count_lines
@@ -418,3 +419,15 @@ def test_a_failing_fairseq_generate_is_one_line_with_its_log(tmp_path):
     assert message == ("fairseq-generate failed with exit code 1: Exception: Size of sample #3 is invalid "
                        f"(=(1100, 1100)) since max_positions=(1024, 1024) (its log: {log})")
     assert log.read_text().startswith("H-0\tx\n")
+
+
+def test_dictionaries_are_checked_by_their_digests_and_a_missing_one_is_named(tmp_path):
+    (tmp_path / "dict.de.txt").write_text("a 1\nb 1\n")
+    run = {"dictionaries": {name: entry["sha256"] for name, entry in checksums(tmp_path, ["dict.de.txt"]).items()}}
+    check_dictionaries(run, tmp_path / "checkpoint_last.pt", tmp_path)  # the same file
+    check_dictionaries({}, tmp_path / "checkpoint_last.pt", tmp_path)  # an older run.json records none
+    (tmp_path / "dict.de.txt").write_text("b 1\na 1\n")  # the same size, other ids
+    with pytest.raises(ValueError, match="was trained with another dict.de.txt than"):
+        check_dictionaries(run, tmp_path / "checkpoint_last.pt", tmp_path)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'other/dict.de.txt'} not found: ")):
+        check_dictionaries(run, tmp_path / "checkpoint_last.pt", tmp_path / "other")

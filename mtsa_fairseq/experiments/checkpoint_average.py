@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from mtsa_fairseq.contracts import run_beside
+
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates
 EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # end of an epoch
 
@@ -59,8 +61,6 @@ def num_updates(state: dict[str, Any]) -> int:
 def _check_same_dictionaries(paths: list[Path]) -> None:
     """Refuse checkpoints whose run.json files (beside them) record different dictionaries: with the same sizes
     their parameters would average, meaning nothing."""
-    from mtsa_fairseq.contracts import run_beside
-
     first: tuple[Path, dict[str, str]] | None = None
     for path in paths:
         recorded = (run_beside(path, AverageError) or {}).get("dictionaries")

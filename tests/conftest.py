@@ -1,5 +1,4 @@
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -8,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from process_helpers import children_of
-from sentence_helpers import prepare, trec_lines
+from sentence_helpers import prepare, write_trec
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
@@ -108,11 +107,8 @@ def toy_data(tmp_path_factory) -> Path:
 def trec_data(tmp_path_factory) -> Path:
     """Synthetic TREC questions (400 train, 60 test; tests/sentence_helpers.py) prepared by
     scripts/prepare_sentence_data.py: the data of the sentence-task tests."""
-    raw = tmp_path_factory.mktemp("trec_raw")
-    rng = random.Random(0)
-    (raw / "train_5500.label").write_text("\n".join(trec_lines(400, rng)) + "\n", encoding="latin-1")
-    (raw / "TREC_10.label").write_text("\n".join(trec_lines(60, rng)) + "\n", encoding="latin-1")
-    return prepare("trec", raw, tmp_path_factory.mktemp("trec") / "data")
+    return prepare("trec", write_trec(tmp_path_factory.mktemp("trec_raw"), seed=0),
+                   tmp_path_factory.mktemp("trec") / "data")
 
 
 class _LargestTensor(TorchDispatchMode):

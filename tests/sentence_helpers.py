@@ -37,6 +37,14 @@ def trec_lines(n: int, rng: random.Random) -> list[str]:
     return lines
 
 
+def write_trec(raw: Path, seed: int) -> Path:
+    """TREC's two raw files in ``raw``: 400 training and 60 test questions of :func:`trec_lines`."""
+    rng = random.Random(seed)
+    (raw / "train_5500.label").write_text("\n".join(trec_lines(400, rng)) + "\n", encoding="latin-1")
+    (raw / "TREC_10.label").write_text("\n".join(trec_lines(60, rng)) + "\n", encoding="latin-1")
+    return raw
+
+
 SMALL = ("name: small\ndataset: trec\nmetric: accuracy\ndescription: test\nfairseq:\n  criterion: sentence_encoding\n"
          "  optimizer: adam\n  lr: 0.005\n  batch-size: 16\n  max-update: {updates}\n  save-interval-updates: 5\n"
          "  best-checkpoint-metric: accuracy\n  maximize-best-checkpoint-metric: true\n  embed-dim: 16\n"

@@ -5,14 +5,13 @@ or before their evaluation, and unreadable best checkpoints."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 
 import pytest
 import torch
 from process_helpers import trainers_on, wait_for
-from sentence_helpers import ROOT, SMALL, prepare, run, trec_lines
+from sentence_helpers import ROOT, SMALL, prepare, run, write_trec
 
 from mtsa_fairseq.contracts import checksums, read_run
 from mtsa_fairseq.experiments.fairseq_train import options_to_args, parse_fairseq_train
@@ -148,12 +147,8 @@ def test_a_run_stopped_after_training_before_its_evaluation_is_evaluated_not_tra
     record = read_run(run_dir, AssertionError)
     assert (record["status"], record["num_updates"]) == ("done", 10)
     assert record["dictionaries"] == {"dict.txt": checksums(trec_data, ["dict.txt"])["dict.txt"]["sha256"]}
-    raw = tmp_path / "other_raw"  # another corpus of the same task: another dictionary
-    raw.mkdir()
-    rng = random.Random(1)
-    (raw / "train_5500.label").write_text("\n".join(trec_lines(400, rng)) + "\n", encoding="latin-1")
-    (raw / "TREC_10.label").write_text("\n".join(trec_lines(60, rng)) + "\n", encoding="latin-1")
-    other = prepare("trec", raw, tmp_path / "other")
+    (tmp_path / "other_raw").mkdir()  # another corpus of the same task: another dictionary
+    other = prepare("trec", write_trec(tmp_path / "other_raw", seed=1), tmp_path / "other")
     refused = run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint",
                   str(run_dir / "checkpoint_best.pt"), "--data", str(other), check=False)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1] == (

@@ -562,23 +562,6 @@ def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
     return _GuardedRatio.apply(num, den)
 
 
-class _Ratio(torch.autograd.Function):
-    """``N / Z`` (times ``has_key``) where every ``Z`` is at least sqrt(tiny): no guard, in one or two kernels
-    forward and four or five backward; saves what the SDPA calls keep anyway."""
-
-    @staticmethod
-    def forward(ctx, num: Tensor, den: Tensor, has_key: Tensor | None) -> Tensor:
-        ctx.save_for_backward(num, den, has_key)
-        out = num / den
-        return out if has_key is None else out.mul_(has_key)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        num, den, has_key = ctx.saved_tensors
-        grad_num = grad / den if has_key is None else (grad * has_key).div_(den)
-        return grad_num, (grad_num * num).div_(den).neg_(), None
-
-
 def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, bias: tuple[Tensor, Tensor | None] | None,
                 scale: float, keep: float, is_causal: bool = False, joint: bool = False,
                 lean: bool = False) -> tuple[Tensor, Tensor]:
@@ -608,10 +591,13 @@ def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, bi
 
 
 def _ratio(num: Tensor, den: Tensor, has_key: Tensor | None, lean: bool) -> Tensor:
+    """``N / Z`` times ``has_key``; ``lean``: unguarded, exact where every ``Z`` is at least sqrt(tiny), in aten's
+    division, whose backward keeps ``N`` and ``Z`` (which the SDPA calls keep anyway) and runs no Python."""
     if torch.jit.is_scripting() or not lean:
         out = _guarded_ratio(num, den)
         return out if has_key is None else out * has_key
-    return _Ratio.apply(num, den, has_key)
+    out = num / den
+    return out if has_key is None else out.mul_(has_key)
 
 
 def _key_bias(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

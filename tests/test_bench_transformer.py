@@ -1,5 +1,6 @@
-"""scripts/bench_transformer.py on the CPU at a tiny size: the table, raw numbers and plot hold every length and
-the training row, are written after every length, and an interrupted run keeps the lengths it measured."""
+"""scripts/bench_transformer.py on the CPU at a tiny size: the table, raw numbers and plot hold every length (with
+its operator profile) and the training row, are written after every length, and an interrupted run keeps the
+lengths it measured."""
 
 import json
 import subprocess
@@ -18,7 +19,8 @@ TINY = ("--batch", "1", "--repeats", "1", "--vocab", "64", "--train-steps", "1",
 
 def test_tiny_benchmark_writes_every_length_and_the_training_row(tmp_path):
     out = {kind: tmp_path / f"bench.{kind}" for kind in ("md", "json", "png")}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--lengths", "8", "16", *TINY, "--markdown", str(out["md"]),
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--lengths", "8", "16", *TINY, "--profile", "1",
+                           "--markdown", str(out["md"]),
                            "--json", str(out["json"]), "--plot", str(out["png"])],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -27,6 +29,9 @@ def test_tiny_benchmark_writes_every_length_and_the_training_row(tmp_path):
     for row in result["encoder"]:
         assert row["time_ratio"] == pytest.approx(row["ms"]["mtsa"] / row["ms"]["transformer"])
         assert row["memory_ratio"] == pytest.approx(row["mb"]["mtsa"] / row["mb"]["transformer"])
+        profile = row["profile"]  # MTSA's source2token sigmoid is its own; both run the attention and the FFN
+        assert "aten::sigmoid" in profile["mtsa"] and "aten::sigmoid" not in profile["transformer"]
+        assert all(profile[name]["aten::addmm"] > 0 for name in ("transformer", "mtsa"))
     training = result["training"]
     assert training["steps"] == 1 and training["ratio"] == pytest.approx(
         training["tok_s"]["mtsa"] / training["tok_s"]["transformer"])
@@ -34,6 +39,7 @@ def test_tiny_benchmark_writes_every_length_and_the_training_row(tmp_path):
     assert "mtsa_core kernel auto" in table and "| 1 steps of ~100 target tokens |" in table
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith(("| 8 ", "| 16 "))]
     assert rows == ["| 8", "| 16"]
+    assert "| L = 8: host self time per pass |" in table and "| L = 16: host self time per pass |" in table
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -7,6 +7,9 @@
 2. Training throughput: full models, label-smoothed cross-entropy and an Adam step (as fairseq's ``--amp`` in
    float16/bfloat16) on the same synthetic batches of ``--train-max-tokens``, alternating; target tokens per second.
 
+With ``--profile N``, torch.profiler's host (CPU) self time per aten operator over N more encoder passes per
+model, per length: where the time difference goes.
+
 Writes ``--markdown``, ``--json`` and ``--plot`` after every length and again with the training row.
 """
 
@@ -78,6 +81,38 @@ def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dic
     return measure.median_ms(measure.timed_rounds(steps, args.repeats, args.device))
 
 
+def operator_times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Per model the host self time of each aten operator in one encoder pass (milliseconds, the mean of
+    ``args.profile`` profiled passes, the models alternating pass by pass)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
+    times: dict[str, dict[str, float]] = {name: {} for name in models}
+    for _ in range(args.profile):
+        for name, (model, _) in models.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                _encoder_pass(model, tokens, lengths)
+                measure.synchronize(args.device)
+            for event in prof.key_averages():
+                if event.key.startswith("aten::") and event.self_cpu_time_total > 0:
+                    spent = times[name].get(event.key, 0.0)
+                    times[name][event.key] = spent + event.self_cpu_time_total / args.profile / 1000
+    return times
+
+
+def profile_table(row: dict, top: int = 10) -> str:
+    """The ``top`` operators of ``row["profile"]`` whose time MTSA adds most, and the totals."""
+    times = row["profile"]
+    names = sorted(set(times["transformer"]) | set(times["mtsa"]),
+                   key=lambda op: times["transformer"].get(op, 0.0) - times["mtsa"].get(op, 0.0))
+    cells = [[op, *(f"{times[m].get(op, 0.0):.2f}" for m in MODELS),
+              f"{times['mtsa'].get(op, 0.0) - times['transformer'].get(op, 0.0):+.2f}"] for op in names[:top]]
+    totals = [sum(times[m].values()) for m in MODELS]
+    cells.append(["all operators", *(f"{t:.2f}" for t in totals), f"{totals[1] - totals[0]:+.2f}"])
+    header = [f"L = {row['L']}: host self time per pass", "transformer ms", "mtsa ms", "mtsa - transformer"]
+    return measure.markdown_table(header, cells)
+
+
 def training_batches(args: argparse.Namespace) -> list[dict]:
     """``--train-steps + 1`` batches of about ``--train-max-tokens`` target tokens each, sentence lengths
     drawn from a clipped normal (mean 27, sd 12, in [4, LONGEST_SENTENCE]: roughly WMT14 En-De in 32k pieces)."""
@@ -140,6 +175,7 @@ def markdown(result: dict) -> str:
              f"{r['mb']['transformer']:.1f}", f"{r['mb']['mtsa']:.1f}", f"{r['memory_ratio']:.3f}"]
             for r in result["encoder"])
     text = measure.markdown_table(header, rows)
+    text += "".join(f"\n\n{profile_table(r)}" for r in result["encoder"] if "profile" in r)
     train = result["training"]
     if train is None:
         return f"{result['settings']}\n\n{text}\n\nTraining throughput: not measured yet.\n"
@@ -204,6 +240,8 @@ def run(args: argparse.Namespace, script: Path) -> None:
                              f"memory measurement of {name} at L={length}") for name in MODELS}
         row = {"L": length, "ms": ms, "mb": mb, "time_ratio": ms["mtsa"] / ms["transformer"],
                "memory_ratio": mb["mtsa"] / mb["transformer"]}
+        if args.profile:
+            row["profile"] = operator_times_ms(models, length, args)
         encoder.append(row)
         print(f"{measure.progress(done, len(args.lengths), start)} L={length:5d}  "
               f"time {ms['transformer']:9.1f} / {ms['mtsa']:9.1f} ms (x{row['time_ratio']:.3f})"

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mtsa_core's kernel in the MTSA layers, one of fairseq-train's --mtsa-kernel choices "
                              "(auto: SDPA for their exp token2token)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--profile", type=int, metavar="N",
+                        help="also profile N encoder passes per model and length: host self time per aten operator")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")

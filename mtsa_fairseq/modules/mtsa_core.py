@@ -527,7 +527,7 @@ def _log_space_ratio(q: Tensor, k: Tensor, values: Tensor, s2t: Tensor, rows: Te
     log_r = scores if token2token == "exp" else F.logsigmoid(scores)
     log_w = log_r.masked_fill(~allowed, float("-inf"))[:, :, None] + _log_weights(s2t[b, h].to(work), s2t_activation)
     top = log_w.detach().amax(dim=1, keepdim=True)
-    w = torch.exp(log_w - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    w = torch.exp(log_w - top.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))
     den = w.sum(dim=1)
     w_num = w if keep == 1.0 else w * torch.empty_like(w[:, :, :1]).bernoulli_(keep).div_(keep)
     num = (w_num * values[b, h].to(work)).sum(dim=1)
@@ -629,7 +629,7 @@ def _dense_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, m
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         row_max = scores.amax(dim=-1, keepdim=True)
-        e_r = torch.exp(scores - torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)))
+        e_r = torch.exp(scores - row_max.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))
     if mask is not None:
         e_r = e_r.masked_fill(~mask, 0.0)
     den = torch.matmul(e_r, den_values)

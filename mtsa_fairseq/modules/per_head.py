@@ -83,4 +83,4 @@ def stable_exp(logits: Tensor, key_padding_mask: Tensor | None) -> Tensor:
     pad = key_padding_mask[:, None, :, None]
     logits = logits.masked_fill(pad, float("-inf"))
     top = logits.amax(dim=2, keepdim=True).detach()
-    return torch.exp(logits - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    return torch.exp(logits - top.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))  # padding only: shift 0

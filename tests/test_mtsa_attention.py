@@ -103,6 +103,8 @@ def test_nmt_module_rejects_bad_options():
         MTSAMultiheadAttention(16, 4, s2t_activation="tanh")
     with pytest.raises(ValueError, match="unknown activation"):
         MTSAMultiheadAttention(16, 4, s2t_hidden_activation="swish")
+    with pytest.raises(ValueError, match="token2token form is exp; 'flex' computes the sigmoid form only"):
+        MTSAMultiheadAttention(16, 4, kernel="flex")  # at construction, not at the first forward
     m = MTSAMultiheadAttention(16, 4)
     x = torch.randn(5, 2, 16)
     with pytest.raises(ValueError, match="self-attention"):

@@ -165,3 +165,14 @@ def test_a_future_mask_changed_in_place_is_checked_again():
     buffer[4, 0] = float("-inf")
     with pytest.raises(ValueError, match="accepts only the decoder's future mask"):
         m(x, x, x, attn_mask=buffer[:5, :5])
+
+
+def test_mtsa_kernel_offers_only_the_exp_forms_kernels(tmp_path, capsys):
+    """The translation models' token2token form is exp: fairseq's parser refuses ``--mtsa-kernel flex`` (a sigmoid
+    form's kernel) in one line, before any data is read, where it used to fail at the first forward."""
+    with pytest.raises(SystemExit) as exit_info:
+        build(tmp_path, "transformer_mtsa_tiny", "--mtsa-kernel", "flex")
+    assert exit_info.value.code == 2
+    assert "argument --mtsa-kernel: invalid choice: 'flex'" in capsys.readouterr().err
+    model = build(tmp_path, "transformer_mtsa_tiny", "--mtsa-kernel", "dense")
+    assert {layer.self_attn.kernel for layer in model.encoder.layers} == {"dense"}

@@ -18,7 +18,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import Tensor, nn
 
 from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadAttention, shared_pass
-from ..modules.mtsa_core import KERNELS, SharedPass
+from ..modules.mtsa_core import EXP_KERNELS, SharedPass
 from ..modules.per_head import ACTIVATIONS
 from .options import Option, apply_defaults, option_value
 
@@ -38,9 +38,9 @@ MTSA_OPTIONS = (
     Option("--mtsa-s2t-hidden-activation", "none", "activation of an extra per-head source2token layer "
            "(afn_extra); none = the single layer the authors ran", choices=("none", *sorted(ACTIVATIONS))),
     Option("--mtsa-kernel", "auto", "how the MTSA layers compute their attention core (mtsa_core's kernel): auto "
-           "picks two SDPA calls for the exp form, the fused Triton kernel for sigmoid forms on CUDA; sdpa, "
-           "sdpa-joint (one SDPA call, no attention dropout), dense, flex and triton force one (docs/kernel.md)",
-           choices=KERNELS),
+           "and sdpa, two SDPA calls; sdpa-joint, one SDPA call over the joined values (no attention dropout); "
+           "dense, the scores materialised per query chunk; triton, the fused Triton kernel (CUDA) (docs/kernel.md)",
+           choices=EXP_KERNELS),
     Option("--mtsa-bi-directional", False, "forward masks on the first half of the encoder heads, backward on the "
            "rest (diagonal included); off as the authors ran; the decoder is always causal"),
 )

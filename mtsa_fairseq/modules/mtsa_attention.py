@@ -15,7 +15,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .mtsa_core import KERNELS, SharedPass, head_directions, mtsa_core, mtsa_core_scripted
+from .mtsa_core import EXP_KERNELS, SharedPass, head_directions, mtsa_core, mtsa_core_scripted
 from .per_head import PerHeadLinear, activation
 
 S2T_INPUTS = ("v", "k")
@@ -55,7 +55,8 @@ class MTSAMultiheadAttention(MultiheadAttention):
             ``v`` and ``E_S`` (beyond the authors' t2t code: reference §1.5). Needs a sigmoid source2token
             activation: the exp forms are shifted by a sequence-wide maximum (reference §8.4), which would let later
             tokens underflow earlier outputs.
-        kernel: passed to :func:`mtsa_core` (default ``"auto"``; the models' ``--mtsa-kernel``).
+        kernel: passed to :func:`mtsa_core` (default ``"auto"``; the models' ``--mtsa-kernel``): one of
+            ``EXP_KERNELS``, those of the exp token2token form.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, q_noise: float = 0.0,
@@ -66,8 +67,9 @@ class MTSAMultiheadAttention(MultiheadAttention):
             raise ValueError(f"s2t_input must be one of {S2T_INPUTS}, got {s2t_input!r}")
         if s2t_activation not in S2T_ACTIVATIONS:
             raise ValueError(f"s2t_activation must be one of {S2T_ACTIVATIONS}, got {s2t_activation!r}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel not in EXP_KERNELS:
+            raise ValueError(f"kernel must be one of {EXP_KERNELS} (this attention's token2token form is exp; 'flex' "
+                             f"computes the sigmoid form only), got {kernel!r}")
         if causal and bi_directional:
             raise ValueError("causal attention has its own mask; bi_directional head masks would see the future")
         if causal and not s2t_activation.endswith("sigmoid"):

@@ -44,11 +44,11 @@ def _main() -> None:
     args = parser.parse_args()
     import torch
 
-    from mtsa_fairseq.modules.mtsa_core import KERNELS
+    from mtsa_fairseq.modules.mtsa_core import EXP_KERNELS
 
     measure.check_positive(parser, args)
-    if args.kernel not in KERNELS:
-        parser.error(f"--kernel must be one of {', '.join(KERNELS)}, not {args.kernel!r}")
+    if args.kernel not in EXP_KERNELS:
+        parser.error(f"--kernel must be one of {', '.join(EXP_KERNELS)}, not {args.kernel!r}")
     if args.train_max_tokens < LONGEST_SENTENCE:
         parser.error(f"--train-max-tokens must be at least {LONGEST_SENTENCE}, the longest training sentence drawn")
     if args.threads:

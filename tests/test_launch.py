@@ -299,6 +299,20 @@ def test_raised_max_update_resumes_and_averages(trained, corpus, tmp_path):
         torch.testing.assert_close(value, ((last[0][key].double() + last[1][key].double()) / 2).to(value.dtype))
 
 
+def test_a_run_trained_past_the_budget_is_refused_not_taken_as_done(trained, corpus, tmp_path):
+    """A smaller budget in the same directories would otherwise score the 15-update checkpoints as its own."""
+    _, root, _ = trained
+    config = write_config(tmp_path / "lowered", updates=10)  # same name, so the same run directories
+    shutil.copytree(root / "seed1", tmp_path / "tiny" / "seed1", symlinks=True)
+    with pytest.raises(LaunchError, match=r"seed 1: .* trained to 15 updates, past this plan's --max-update 10; "
+                                          "use another --out"):
+        execute(plan(config, corpus / "prepared", [1], tmp_path, LaunchOptions(threads=1)), dry_run=True)
+    proc = train(config, corpus / "prepared", tmp_path, "--seeds", "1", check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: seed 1: ") and "past this plan's" in proc.stderr
+    assert run_json(tmp_path / "tiny" / "seed1")["num_updates"] == 15
+
+
 def average_script(*args: str) -> None:
     """Run scripts/average_checkpoints.py in this process (its errors raise SystemExit)."""
     argv = sys.argv

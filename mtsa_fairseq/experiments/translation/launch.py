@@ -24,6 +24,8 @@ def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = pri
     for warning in plan_.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     max_update = plan_.runs[0].record["max_update"]
+    for run in plan_.runs:
+        _check_not_past(run, previous_run(run.run_dir), max_update)
     if dry_run:
         if plan_.view is not None and not plan_.view.path.exists():
             log(f"# would build the length-filtered training data {plan_.view.path}")
@@ -55,6 +57,15 @@ def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = pri
         else:
             failed += _train(plan_, run, log)
     return failed
+
+
+def _check_not_past(run: SeedRun, previous: dict[str, Any] | None, max_update: int) -> None:
+    """Refuse a run directory trained past the plan's budget: "done" there would score checkpoints of another
+    budget as this one's (a smaller budget's runs go on training from their last checkpoint instead)."""
+    updates = (previous or {}).get("num_updates") or 0
+    if updates > max_update:
+        raise LaunchError(f"seed {run.seed}: {run.run_dir} holds a run trained to {updates:,} updates, past this "
+                          f"plan's --max-update {max_update:,}; use another --out or --save-root for a smaller budget")
 
 
 def _submit(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Callable[[str], None]) -> int:

@@ -187,9 +187,9 @@ def test_curves_only_reads_the_logs_as_they_stand(tmp_path):
     assert proc.returncode == 2 and "--multi30k is required" in proc.stderr
 
 
-def _probe(out: Path, bleu: dict[str, list[float]]) -> None:
+def _probe(out: Path, bleu: dict[str, list[float]], comparison: study.Comparison = study.STUDY) -> None:
     """Probe logs of seed 1 of both systems: validation BLEU per epoch of 100 updates."""
-    for role, config in study.STUDY.configs.items():
+    for role, config in comparison.configs.items():
         run_dir = out / "runs" / config.stem / "seed1"
         run_dir.mkdir(parents=True)
         (run_dir / "train.log").write_text("".join(_valid_line(100 * (i + 1), 4.0, b)
@@ -248,6 +248,21 @@ def test_budget_from_a_probe_is_refused_until_it_fixes_one(tmp_path, monkeypatch
     assert option("--report-dir") == [str(tmp_path / "out" / "ablation")]
     assert option("--out") == [str(tmp_path / "out")] and option("--train-args") == ["--extra-args '--max-update 700'"]
     assert launched[0][launched[0].index("--report-dir") + 1] == str(tmp_path / "out")
+
+
+def test_a_tiny_probe_that_reaches_the_recipes_cap_unplateaued_fixes_the_cap(tmp_path):
+    """The Tiny recipe trains at most its anchor's 8,000 updates (its configs' max-update): curves still rising
+    there fix 8,000; short of it, nothing. The base recipe has no cap."""
+    assert {load_config(path).fairseq["max-update"] for path in study.TINY.configs.values()} == {study.TINY.cap}
+    rising = [20.0 + i for i in range(80)]  # a validation every 100 updates up to 8,000, gaining to the end
+    _probe(tmp_path / "short", {"baseline": rising[:79], "system": rising}, study.TINY)
+    with pytest.raises(SystemExit, match="on a plateau or at the recipe's cap of 8000 updates .*at update 7900"):
+        study.probe_budget(tmp_path / "short", study.TINY)
+    _probe(tmp_path / "probe", {"baseline": rising, "system": rising}, study.TINY)
+    record = study.probe_budget(tmp_path / "probe", study.TINY)
+    assert record["max_update"] == 8000 and record["capped"]
+    assert not any(verdict["plateaued"] for verdict in record["verdicts"].values())
+    assert not study.probe_budget(ROOT / "results" / "multi30k" / "probe" / "curves.json")["capped"]
 
 
 def test_the_probes_curves_report_fixes_the_budget_its_logs_fix(tmp_path):

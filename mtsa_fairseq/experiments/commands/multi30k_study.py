@@ -82,8 +82,9 @@ def _main() -> None:
     if args.budget_from is not None:
         budget_record = study.probe_budget(args.budget_from.resolve(), study.RECIPES[args.recipe])
         args.max_update = budget_record["max_update"]
-        print(f"budget: {args.max_update} updates, the first validation at which every run of the probe in "
-              f"{args.budget_from} is on a plateau")
+        why = ("the recipe's cap, which every run of the probe reached before a plateau" if budget_record["capped"]
+               else "the first validation at which every run of the probe is on a plateau")
+        print(f"budget: {args.max_update} updates, {why} ({args.budget_from})")
 
     study.run_study(args.out, files, args.seeds, comparison, command, threads=args.threads,
                     max_update=args.max_update, train_only=args.train_only, budget_record=budget_record)

@@ -35,6 +35,7 @@ class Comparison:
     configs: dict[str, Path]  # "baseline" / "system" -> training config
     names: dict[str, str]  # "baseline" / "system" -> name in the reports
     reports: str  # folder of OUT for the reports ("" for OUT itself)
+    cap: int | None = None  # the recipe's most updates: a probe whose runs reach it unplateaued fixes it
 
     def runs(self, seeds: list[int]) -> list[tuple[str, Path, int]]:
         """(role, config, seed) of every run, the baseline's first."""
@@ -44,7 +45,7 @@ class Comparison:
 STUDY = Comparison({"baseline": CONFIGS / "multi30k_transformer.yaml", "system": CONFIGS / "multi30k_mtsa.yaml"},
                    {"baseline": "Transformer", "system": "MTSA"}, "")
 TINY = Comparison({"baseline": CONFIGS / "multi30k_tiny_transformer.yaml",
-                   "system": CONFIGS / "multi30k_tiny_mtsa.yaml"}, STUDY.names, "")
+                   "system": CONFIGS / "multi30k_tiny_mtsa.yaml"}, STUDY.names, "", cap=8000)  # Wu et al.'s
 RECIPES = {"base": STUDY, "tiny": TINY}  # --recipe: the study's grid of model recipes
 ABLATION = Comparison({"baseline": CONFIGS / "multi30k_mtsa.yaml",
                        "system": CONFIGS / "multi30k_mtsa_s2t_bias5.yaml"},
@@ -152,9 +153,10 @@ def print_verdicts(runs: dict[str, dict]) -> None:
 
 
 def probe_budget(probe: Path, comparison: Comparison = STUDY) -> dict:
-    """The budget the probe ``probe`` fixes (:func:`budget` over all its runs) with each probe run's verdict at
-    it; ``probe`` is the probe's output directory (its runs' logs) or its curves report (OUT/curves.json or
-    OUT/curves-interim.json, e.g. results/multi30k/probe/curves.json). Exits with one line while it fixes none."""
+    """The budget the probe ``probe`` fixes (:func:`budget` over all its runs, or the recipe's ``cap`` once every run
+    validated there, ``capped``) with each probe run's verdict at it; ``probe`` is the probe's output directory (its
+    runs' logs) or its curves report (OUT/curves.json or OUT/curves-interim.json, e.g.
+    results/multi30k/probe/curves.json). Exits with one line while it fixes none."""
     if probe.is_file():
         try:
             runs = read_json(probe, STUDY_SCHEMA, "probe curves report", ValueError)["runs"]
@@ -167,11 +169,16 @@ def probe_budget(probe: Path, comparison: Comparison = STUDY) -> dict:
             sys.exit(f"error: {probe} holds no probe runs (runs/<config>/seed<k>/train.log) and is no curves report")
         runs = run_curves(probe, seeds, comparison)
     update = budget([run["curve"] for run in runs.values()])
+    capped = update is None and comparison.cap is not None and all(
+        (plateau(run["curve"])["last_update"] or 0) >= comparison.cap for run in runs.values())
+    if capped:
+        update = comparison.cap
     if update is None:
         last = ", ".join(f"{label} at update {plateau(run['curve'])['last_update']}" for label, run in runs.items())
+        cap = f" or at the recipe's cap of {comparison.cap} updates" if comparison.cap is not None else ""
         sys.exit(f"error: the probe in {probe} fixes no budget yet: no validation at which all its runs are on a "
-                 f"plateau (last validations: {last})")
-    return {"max_update": update, "probe": str(probe),
+                 f"plateau{cap} (last validations: {last})")
+    return {"max_update": update, "capped": capped, "probe": str(probe),
             "verdicts": {label: plateau([p for p in run["curve"] if p["update"] <= update])
                          for label, run in runs.items()}}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from mtsa_fairseq.experiments.bench.fairseq_train import runs_table as fairseq_train_table
 from mtsa_fairseq.experiments.commands import docs_tables
 from mtsa_fairseq.experiments.sentence import lr_search
 from mtsa_fairseq.experiments.sentence import report as sentence_report
@@ -30,7 +31,7 @@ DOC = ROOT / "docs" / "results-sentence.md"
     ("docs/results-sentence.md", 19), ("docs/results-sentence-earlier.md", 16), ("docs/results-multi30k.md", 8),
     # the per-run tables of the chosen-rate studies without folds live beside their records
     ("results/sentence/trec-chosen-lr/CHRONICLE.md", 1), ("results/sentence/sst5-chosen-lr/CHRONICLE.md", 1),
-    ("results/sentence/sick/CHRONICLE.md", 3)])
+    ("results/sentence/sick/CHRONICLE.md", 3), ("docs/benchmark-gpu.md", 4)])
 def test_the_results_tables_equal_their_reports(name, tables):
     doc = ROOT / name
     text, changed = docs_tables.render(doc)
@@ -392,3 +393,13 @@ def test_docs_tables_render_another_metric_of_a_summary(tmp_path):
     doc.write_text("<!-- table report.json summary metric=mse a=MTSA -->\nstale\n<!-- /table -->\n")
     text, _ = docs_tables.render(doc)
     assert "| architecture | seeds | mse per seed |" in text and "| MTSA | 2 | 0.2900, 0.2800 |" in text
+
+
+def test_fairseq_train_table_lists_every_run_and_the_ratios_of_the_medians():
+    result = {"archs": ["t", "m --k x"], "rows": [{
+        "max_tokens": 8192, "tok_s": {"t": 100.0, "m --k x": 90.0}, "peak_mb": {"t": 1000.0, "m --k x": 1100.0},
+        "runs": {"t": [{"tok_s": 100.0}, {"tok_s": 120.0}, {"tok_s": 80.0}],
+                 "m --k x": [{"tok_s": 90.0}, {"tok_s": 70.0}, {"tok_s": 95.0}]}}]}
+    assert fairseq_train_table(result, {"t": "T"})[2:] == [
+        "| 8,192 | `T` | 100, 120, 80 | 100 | 1.000 | 1,000 | 1.000 |",
+        "| 8,192 | `m --k x` | 90, 70, 95 | 90 | 0.900 | 1,100 | 1.100 |"]

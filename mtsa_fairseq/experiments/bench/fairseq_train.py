@@ -225,17 +225,23 @@ def child(spec: dict) -> None:
     os._exit(0)
 
 
+def runs_table(result: dict, names: dict[str, str] | None = None) -> list[str]:
+    """Every run of a result, per batch size and system: tokens per second of each run, the median, and the median
+    and peak memory as ratios to the first system's (``names``: a system's name in the table)."""
+    systems, names = result["archs"], names or {}
+    first = names.get(systems[0], systems[0])
+    header = ["max tokens", "system", "tok/s, each run", "median", f"median / {first}", "peak MB", f"peak / {first}"]
+    rows = ([f"{row['max_tokens']:,}", f"`{names.get(system, system)}`",
+             ", ".join(f"{run['tok_s']:,.0f}" for run in row["runs"][system]), f"{row['tok_s'][system]:,.0f}",
+             f"{row['tok_s'][system] / row['tok_s'][systems[0]]:.3f}", f"{row['peak_mb'][system]:,.0f}",
+             f"{row['peak_mb'][system] / row['peak_mb'][systems[0]]:.3f}"]
+            for row in result["rows"] for system in systems)
+    return markdown_table(header, rows).split("\n")
+
+
 def markdown(result: dict) -> str:
-    """One row per batch size: each system's tokens per second and peak memory, and their ratios to the first's."""
-    systems = result["archs"]
-    others = systems[1:]
-    header = (["max tokens"] + [f"{s} tok/s" for s in systems] + [f"{s} / {systems[0]} tok/s" for s in others]
-              + [f"{s} peak MB" for s in systems] + [f"{s} / {systems[0]} peak" for s in others])
-    rows = ([str(row["max_tokens"])] + [f"{row['tok_s'][s]:,.0f}" for s in systems]
-            + [f"{row['throughput_ratio'][s]:.3f}" for s in others]
-            + [f"{row['peak_mb'][s]:,.0f}" for s in systems] + [f"{row['memory_ratio'][s]:.3f}" for s in others]
-            for row in result["rows"])
-    return f"{result['settings']}\n\n{markdown_table(header, rows)}\n"
+    """The settings and :func:`runs_table`."""
+    return f"{result['settings']}\n\n" + "\n".join(runs_table(result)) + "\n"
 
 
 def run(args: argparse.Namespace, script: Path) -> None:

@@ -15,8 +15,9 @@ metric at every rate and the rate the rule chose), curves (a curves JSON: every 
 per validated update), plateau (a curves JSON: the budget rule per run), study (a study.json: per test set,
 checkpoint kind and BLEU both systems' mean ± sd, the difference with its 95% confidence interval, Welch's test,
 the equivalence test within ±``margin=M`` (default 0.45) and the difference detectable at 80% power),
-study-paired (the paired tests per seed: two-sided bootstrap, approximate randomization, Moses-style bootstrap)
-and study-runs (per run: updates, time, throughput, validation and test BLEU).
+study-paired (the paired tests per seed: two-sided bootstrap, approximate randomization, Moses-style bootstrap),
+study-runs (per run: updates, time, throughput, validation and test BLEU) and fairseq-train (a result of
+mtsa-bench-fairseq-train: every run's tokens per second, the medians and the ratios to the first system).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs
@@ -30,6 +31,7 @@ import re
 import sys
 from pathlib import Path
 
+from mtsa_fairseq.experiments.bench.fairseq_train import runs_table as fairseq_train_table
 from mtsa_fairseq.experiments.files import write_atomic
 from mtsa_fairseq.experiments.processes import run_command
 from mtsa_fairseq.experiments.sentence.lr_search import search_table
@@ -47,7 +49,8 @@ OPEN = re.compile(r"^<!-- table (\S+) (\S+)((?: \S+=\S+)*) -->$")
 CLOSE = "<!-- /table -->"
 TABLES = {"summary": summary_table, "cv": cross_validation_table, "runs": runs_table, "folds": folds_table,
           "anchor": anchor_table, "search": search_table, "curves": curves_table, "plateau": plateau_table,
-          "study": study_table, "study-paired": study_paired_table, "study-runs": study_runs_table}
+          "study": study_table, "study-paired": study_paired_table, "study-runs": study_runs_table,
+          "fairseq-train": fairseq_train_table}
 
 
 class TableError(ValueError):

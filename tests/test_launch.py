@@ -313,6 +313,22 @@ def test_a_run_trained_past_the_budget_is_refused_not_taken_as_done(trained, cor
     assert run_json(tmp_path / "tiny" / "seed1")["num_updates"] == 15
 
 
+def test_a_run_is_not_resumed_under_other_training_options(trained, corpus, tmp_path):
+    """A changed config (or --extra-args) would continue the checkpoints under other options: refused, naming
+    them; a larger budget is the one change that trains on (test_raised_max_update_resumes_and_averages)."""
+    _, root, _ = trained
+    config = write_config(tmp_path / "changed", updates=20)  # same name, so the same run directories
+    config.write_text(config.read_text().replace("  lr: 2.0e-3\n", "  lr: 1.0e-3\n  dropout: 0.3\n"))
+    shutil.copytree(root / "seed1", tmp_path / "tiny" / "seed1", symlinks=True)
+    with pytest.raises(LaunchError, match=r"seed 1: .* was trained with other fairseq-train options \(--dropout "
+                                          r"added; --lr 0.002 -> 0.001\); use another --out"):
+        execute(plan(config, corpus / "prepared", [1], tmp_path, LaunchOptions(threads=1)), dry_run=True)
+    options = LaunchOptions(threads=1, extra_args=("--clip-norm", "0.1"))
+    with pytest.raises(LaunchError, match=r"\(--clip-norm added; --dropout added; --lr 0.002 -> 0.001\)"):
+        execute(plan(config, corpus / "prepared", [1], tmp_path, options), dry_run=True)
+    assert run_json(tmp_path / "tiny" / "seed1")["num_updates"] == 15
+
+
 def average_script(*args: str) -> None:
     """Run scripts/average_checkpoints.py in this process (its errors raise SystemExit)."""
     argv = sys.argv

@@ -26,6 +26,7 @@ def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = pri
     max_update = plan_.runs[0].record["max_update"]
     for run in plan_.runs:
         _check_not_past(run, previous_run(run.run_dir), max_update)
+        _check_same_training(run, previous_run(run.run_dir))
     if dry_run:
         if plan_.view is not None and not plan_.view.path.exists():
             log(f"# would build the length-filtered training data {plan_.view.path}")
@@ -66,6 +67,38 @@ def _check_not_past(run: SeedRun, previous: dict[str, Any] | None, max_update: i
     if updates > max_update:
         raise LaunchError(f"seed {run.seed}: {run.run_dir} holds a run trained to {updates:,} updates, past this "
                           f"plan's --max-update {max_update:,}; use another --out or --save-root for a smaller budget")
+
+
+# options that may change between a run's sessions: the budget (a larger one trains on) and the device flag
+_RESUMABLE_WITH_OTHER = ("--max-update", "--cpu")
+
+
+def _training_options(args: list[str]) -> dict[str, str]:
+    """fairseq-train options (``--name`` and the words up to the next option) that define what a run trains."""
+    options: dict[str, str] = {}
+    name = None
+    for word in args:
+        if word.startswith("--"):
+            name = word
+            options[name] = ""
+        elif name is not None:
+            options[name] = f"{options[name]} {word}".strip()
+    return {key: value for key, value in options.items() if key not in _RESUMABLE_WITH_OTHER}
+
+
+def _check_same_training(run: SeedRun, previous: dict[str, Any] | None) -> None:
+    """Refuse to resume a run with other training options than it was trained with (a changed config or
+    --extra-args): its checkpoints would continue under the new ones (the budget and --cpu may change)."""
+    if not previous or previous.get("train_args") is None:  # nothing trained, or recorded before train_args
+        return
+    was, now = _training_options(previous["train_args"]), _training_options(run.record["train_args"])
+    changed = [f"{key} {was[key] or '(set)'} -> {now[key] or '(set)'}" if key in was and key in now
+               else f"{key} {'added' if key in now else 'removed'}"
+               for key in sorted(was.keys() | now.keys()) if was.get(key) != now.get(key)]
+    if changed:
+        raise LaunchError(f"seed {run.seed}: {run.run_dir} was trained with other fairseq-train options "
+                          f"({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''}); use another --out or "
+                          "--save-root, or the config it was trained with")
 
 
 def _submit(plan_: Plan, run: SeedRun, previous: dict[str, Any] | None, log: Callable[[str], None]) -> int:

@@ -176,6 +176,7 @@ def plan(config_path: str | Path, data: str | Path, seeds: list[int], save_root:
             "data": str(source.given), "checkpoint": str(checkpoint), "num_updates": None,
             "wall_seconds": 0.0, "train_target_tokens_per_second": None, "peak_rss_mb": None,
             "max_update": namespace.max_update, "average_last": average_last,
+            "train_args": [*base_args, "--seed", str(seed), *extra],
             "save_interval_updates": namespace.save_interval_updates, "launcher": options.launcher,
             "world_size": nnodes * nproc, "config_path": str(Path(config_path).absolute()),
             "dictionaries": source.dictionaries,

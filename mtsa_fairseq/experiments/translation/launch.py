@@ -25,8 +25,9 @@ def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = pri
         print(f"warning: {warning}", file=sys.stderr)
     max_update = plan_.runs[0].record["max_update"]
     for run in plan_.runs:
-        _check_not_past(run, previous_run(run.run_dir), max_update)
-        _check_same_training(run, previous_run(run.run_dir))
+        previous = previous_run(run.run_dir)
+        _check_not_past(run, previous, max_update)
+        _check_same_training(run, previous)
     if dry_run:
         if plan_.view is not None and not plan_.view.path.exists():
             log(f"# would build the length-filtered training data {plan_.view.path}")

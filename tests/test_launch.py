@@ -323,9 +323,10 @@ def test_a_run_is_not_resumed_under_other_training_options(trained, corpus, tmp_
     with pytest.raises(LaunchError, match=r"seed 1: .* was trained with other fairseq-train options \(--dropout "
                                           r"added; --lr 0.002 -> 0.001\); use another --out"):
         execute(plan(config, corpus / "prepared", [1], tmp_path, LaunchOptions(threads=1)), dry_run=True)
-    options = LaunchOptions(threads=1, extra_args=("--clip-norm", "0.1"))
-    with pytest.raises(LaunchError, match=r"\(--clip-norm added; --dropout added; --lr 0.002 -> 0.001\)"):
-        execute(plan(config, corpus / "prepared", [1], tmp_path, options), dry_run=True)
+    for extra in (("--clip-norm", "0.1"), ("--clip-norm=0.1",)):
+        options = LaunchOptions(threads=1, extra_args=extra)
+        with pytest.raises(LaunchError, match=r"\(--clip-norm added; --dropout added; --lr 0.002 -> 0.001\)"):
+            execute(plan(config, corpus / "prepared", [1], tmp_path, options), dry_run=True)
     assert run_json(tmp_path / "tiny" / "seed1")["num_updates"] == 15
 
 

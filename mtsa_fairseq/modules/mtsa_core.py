@@ -44,7 +44,7 @@ from .per_head import stable_exp
 DIRECTIONS = (None, "bi", "forward", "backward")
 TOKEN2TOKEN = ("exp", "sigmoid")
 KERNELS = ("auto", "sdpa", "sdpa-joint", "dense", "flex", "triton")
-EXP_KERNELS = ("auto", "sdpa", "sdpa-joint", "dense", "triton")  # those of token2token="exp" (flex: sigmoid only)
+EXP_KERNELS = tuple(k for k in KERNELS if k != "flex")  # those of token2token="exp" (flex: sigmoid only)
 E_S_ACTIVATIONS = (None, "exp", "sigmoid")  # E_S from s2t: as given, exp(S) or sigmoid(S)
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FLEX_MIN_WIDTH = 16  # the smallest q/k/v head width compiled FlexAttention takes

@@ -75,13 +75,14 @@ _RESUMABLE_WITH_OTHER = ("--max-update", "--cpu")
 
 
 def _training_options(args: list[str]) -> dict[str, str]:
-    """fairseq-train options (``--name`` and the words up to the next option) that define what a run trains."""
+    """fairseq-train options (``--name``, ``--name=value`` or ``--name`` and the words up to the next option) that
+    define what a run trains."""
     options: dict[str, str] = {}
     name = None
     for word in args:
         if word.startswith("--"):
-            name = word
-            options[name] = ""
+            name, _, value = word.partition("=")
+            options[name] = value
         elif name is not None:
             options[name] = f"{options[name]} {word}".strip()
     return {key: value for key, value in options.items() if key not in _RESUMABLE_WITH_OTHER}

@@ -31,3 +31,17 @@ def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):
     terminate_a_benchmark_once_it_wrote([sys.executable, str(SCRIPT), "--lengths", "8", "16", "32", "64", *TINY,
                                          "--markdown", str(out)], out)
     assert "| 8 | " in out.read_text()
+
+
+def test_the_cores_alone_on_the_cpu(tmp_path):
+    out = tmp_path / "core.md"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--core", "--lengths", "8", "--batch", "1", "--dim", "16",
+                           "--heads", "2", "--repeats", "1", "--methods", "mtsa", "mtsa-sdpa", "mtsa-dense",
+                           "mha-flash", "--markdown", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "attention cores alone on [B, H, L, 8] tensors, no padding" in text
+    assert "| mtsa/mha-flash time | mtsa-sdpa/mha-flash time | mtsa-dense/mha-flash time |" in text
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--core", "--methods", "naive"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2 and "--core takes only the methods mtsa, mtsa-sdpa" in proc.stderr

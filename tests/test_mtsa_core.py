@@ -230,6 +230,33 @@ def test_exp_path_never_builds_an_l_by_l_tensor(direction, include_self, kernel,
     assert naive.largest >= b * h * length * length  # the check can fail
 
 
+def test_auto_computes_larger_cpu_inputs_by_matrix_products(monkeypatch, largest_tensor):
+    """From 2**16 scores with keys up to 256, ``"auto"`` on CPU computes exp's products as ``"dense"`` (one softmax,
+    one product over the joined values): the values and gradients of the two SDPA calls, scores materialised in
+    query chunks of at most CHUNK_ELEMENTS."""
+    core = sys.modules[mtsa_core.__module__]
+    q, k, v, s2t = (t.cpu().float().requires_grad_() for t in make_inputs(b=4, length=128))
+    pad = padding(b=4, length=128)
+    expected = mtsa_core(q, k, v, s2t, pad, kernel="sdpa", s2t_activation="exp")
+    grads = torch.autograd.grad(expected.sum(), (q, k, v, s2t))
+
+    def no_sdpa(*args, **kwargs):
+        raise AssertionError("auto called SDPA")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", no_sdpa)
+    largest, whole = {}, core.CHUNK_ELEMENTS
+    for chunk_elements in (whole, 4096):
+        monkeypatch.setattr(core, "CHUNK_ELEMENTS", chunk_elements)
+        with largest_tensor() as mode:
+            out = mtsa_core(q, k, v, s2t, pad, s2t_activation="exp")
+            torch.testing.assert_close(out, expected)
+            for got, want in zip(torch.autograd.grad(out.sum(), (q, k, v, s2t)), grads):
+                torch.testing.assert_close(got, want)
+        largest[chunk_elements] = mode.largest
+    assert largest[4096] <= 4 * H * 128 * 2 * DV  # the joined values: each chunk's scores are smaller
+    assert largest[whole] == 4 * H * 128 * 128  # the check can fail: unchunked, the [B, H, L, L] scores
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
@@ -326,7 +353,8 @@ def test_underflowing_products_are_recomputed_in_log_space(t2t, kernel, directio
 
 
 @pytest.mark.parametrize("t2t,kernel,direction", [("exp", "sdpa", None), ("exp", "sdpa", "bi"),
-                                                  ("exp", "sdpa-joint", None), ("exp", "dense", "forward"),
+                                                  ("exp", "sdpa-joint", None), ("exp", "dense", None),
+                                                  ("exp", "dense", "forward"),
                                                   ("sigmoid", "dense", "bi")])
 def test_a_shared_pass_reads_nothing_and_names_the_first_call_that_underflowed(t2t, kernel, direction):
     """With ``shared`` the calls read nothing on the host and equal the checked calls where nothing underflowed;
@@ -445,12 +473,19 @@ def test_float16_at_scale_100_is_finite_under_loss_scaling(s2t_activation):
 def test_kernel_choice(monkeypatch):
     core = sys.modules[mtsa_core.__module__]
     q, k, v, s2t = (t.cpu() for t in make_inputs(dtype=torch.float32))  # whatever --torch-device says
-    assert core._choose_kernel("auto", "exp", q, False) == "sdpa"  # CPU tensors: SDPA stays the default
-    assert core._choose_kernel("auto", "sigmoid", q, False) == "dense"
-    cuda_half = types.SimpleNamespace(is_cuda=True, dtype=torch.float16)
+    assert core._choose_kernel("auto", "exp", q, q.shape[2], False) == "sdpa"  # few scores: the two SDPA calls
+    assert core._choose_kernel("auto", "sigmoid", q, q.shape[2], False) == "dense"
+    # CPU, float32 or float64, keys up to 256 and 2**16 scores or more: exp's products by matrix products
+    assert core._choose_kernel("auto", "exp", q.new_empty(16, 4, 32, 8), 32, True) == "dense"
+    assert core._choose_kernel("auto", "exp", q.new_empty(16, 4, 32, 8).double(), 32, False) == "dense"
+    assert core._choose_kernel("auto", "exp", q.new_empty(16, 4, 32, 8).bfloat16(), 32, False) == "sdpa"
+    assert core._choose_kernel("auto", "exp", q.new_empty(1, 4, 512, 8), 512, False) == "sdpa"  # long: flash
+    assert core._choose_kernel("sdpa", "exp", q.new_empty(16, 4, 32, 8), 32, False) == "sdpa"
+    cuda_half = types.SimpleNamespace(is_cuda=True, dtype=torch.float16, shape=(16, 4, 32, 8),
+                                      device=types.SimpleNamespace(type="cuda"))
     monkeypatch.setattr(core, "triton_available", lambda: True)
-    assert core._choose_kernel("auto", "exp", cuda_half, True) == "sdpa"  # faster than Triton on an H100
-    assert core._choose_kernel("auto", "sigmoid", cuda_half, True) == "triton"
+    assert core._choose_kernel("auto", "exp", cuda_half, 32, True) == "sdpa"  # faster than Triton on an H100
+    assert core._choose_kernel("auto", "sigmoid", cuda_half, 32, True) == "triton"
     monkeypatch.undo()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="CUDA tensors"):

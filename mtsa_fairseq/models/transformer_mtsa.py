@@ -37,9 +37,10 @@ MTSA_OPTIONS = (
            metavar="B"),
     Option("--mtsa-s2t-hidden-activation", "none", "activation of an extra per-head source2token layer "
            "(afn_extra); none = the single layer the authors ran", choices=("none", *sorted(ACTIVATIONS))),
-    Option("--mtsa-kernel", "auto", "how the MTSA layers compute their attention core (mtsa_core's kernel): auto "
-           "and sdpa, two SDPA calls; sdpa-joint, one SDPA call over the joined values (no attention dropout); "
-           "dense, the scores materialised per query chunk; triton, the fused Triton kernel (CUDA) (docs/kernel.md)",
+    Option("--mtsa-kernel", "auto", "how the MTSA layers compute their attention core (mtsa_core's kernel): sdpa, "
+           "two SDPA calls; auto, sdpa except for larger CPU batches with keys up to 256, there dense; sdpa-joint, "
+           "one SDPA call over the joined values (no attention dropout); dense, the scores materialised per query "
+           "chunk; triton, the fused Triton kernel (CUDA) (docs/kernel.md)",
            choices=EXP_KERNELS),
     Option("--mtsa-bi-directional", False, "forward masks on the first half of the encoder heads, backward on the "
            "rest (diagonal included); off as the authors ran; the decoder is always causal"),

@@ -17,9 +17,10 @@ P[j, i, l] v[i, l]`` with ``P[j, i, l] ∝ E_R[j, i] E_S[i, l]``. ``E_S`` may co
 head, feature), a constant that cancels (reference §8.4).
 
 Every kernel computes these values and is tested against the float64 references (reference §8.2): ``"sdpa"``,
-``"sdpa-joint"``, ``"dense"``, ``"flex"``, ``"triton"`` (:mod:`.mtsa_triton`) and, under TorchScript,
-:func:`mtsa_core_scripted`; the output has the inputs' dtype. What each computes, which runs when, the log-space
-recomputation of rows whose products underflow, and export: docs/kernel.md.
+``"sdpa-joint"``, ``"dense"`` (for exp SDPA's products by matrix products), ``"flex"``, ``"triton"``
+(:mod:`.mtsa_triton`) and, under TorchScript, :func:`mtsa_core_scripted`; the output has the inputs' dtype. What
+each computes, which runs when, the log-space recomputation of rows whose products underflow, and export:
+docs/kernel.md.
 
 Rows with no allowed key (strict masks at sequence ends, all-padding sequences) return 0, never NaN. Padded
 *queries* are not masked (as in the NMT code); callers zero them when they need to.
@@ -184,7 +185,7 @@ def triton_available() -> bool:
         return False
 
 
-def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: bool) -> str:
+def _choose_kernel(kernel: str, token2token: str, q: Tensor, k_len: int, dropout_active: bool) -> str:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "triton":
@@ -203,6 +204,8 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
         if kernel == "sdpa-joint" and dropout_active:
             raise ValueError("kernel='sdpa-joint' has no attention dropout (N needs its own dropped probabilities); "
                              "use kernel='sdpa' when training with dropout")
+        if kernel == "auto" and _dense_is_faster(q, k_len):
+            return "dense"
         return kernel if kernel in ("dense", "sdpa-joint") else "sdpa"
     if kernel in ("sdpa", "sdpa-joint"):
         raise ValueError("token2token='sigmoid' is not an exp form: plain SDPA cannot compute it")
@@ -213,6 +216,16 @@ def _choose_kernel(kernel: str, token2token: str, q: Tensor, dropout_active: boo
     if kernel == "flex" and q.is_cuda and q.dtype == torch.float64:
         raise ValueError("kernel='flex' on CUDA takes float16, bfloat16 or float32 (compiled flex has no float64)")
     return "dense" if kernel == "auto" else kernel
+
+
+def _dense_is_faster(q: Tensor, k_len: int) -> bool:
+    """Whether ``"auto"`` gives exp ``"dense"``: on CPU tensors in float32 or float64 with keys up to 256 and
+    at least 2**16 scores, where one softmax and one product over the joined values took 0.6-0.9x the time of
+    the two flash SDPA calls (docs/kernel.md, "Which kernel runs when"); eager only."""
+    if torch.compiler.is_compiling() or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
+        return False
+    batch, heads, q_len, _ = q.shape
+    return k_len <= 256 and batch * heads * q_len * k_len >= 1 << 16
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None) -> None:
@@ -289,7 +302,8 @@ def mtsa_core(
         token2token: ``"exp"`` or ``"sigmoid"`` activation of the scaled dot products.
         dropout_p: attention dropout ``p``; ``E_R`` and ``E_S`` each keep ``sqrt(1 - p)`` in the numerator only,
             and only when ``training``.
-        kernel: ``"auto"`` (``"sdpa"`` for exp; for sigmoid ``"triton"`` on CUDA tensors when Triton is installed,
+        kernel: ``"auto"`` (``"sdpa"`` for exp, ``"dense"`` for float32 or float64 CPU tensors of at least 2**16
+            scores with keys up to 256; for sigmoid ``"triton"`` on CUDA tensors when Triton is installed,
             else ``"dense"``) or one of the module docstring's kernels (``"triton"`` on CPU tensors only under
             ``TRITON_INTERPRET=1``).
         query_chunk_size: queries per chunk where masks or scores are materialised (default: keep each chunk's
@@ -313,7 +327,7 @@ def mtsa_core(
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     groups = head_directions(q.shape[1], direction)
     dropout_active = training and dropout_p > 0.0
-    use = _choose_kernel(kernel, token2token, q, dropout_active)
+    use = _choose_kernel(kernel, token2token, q, k.shape[2], dropout_active)
     if use == "flex" and q.shape[2] != k.shape[2]:
         raise ValueError("kernel='flex' needs as many queries as keys (no incremental decoding)")
     call = _Call(key_padding_mask, groups, include_self, token2token, s2t_activation, 1.0 / math.sqrt(q.shape[3]),
@@ -332,7 +346,7 @@ def mtsa_core(
     if torch.compiler.is_compiling():
         return _recompute_in_graph(out, den, q, k, v, s2t, s2t_kept, call)
     if shared is not None:  # rows without a key: SDPA's see every key, the other kernels' do not count
-        lean = use in ("sdpa", "sdpa-joint")
+        lean = token2token == "exp" and use != "triton"
         shared.dens.append(den if lean else den.masked_fill(~_rows_with_keys(q, k.shape[2], call)[..., None], 1.0))
         return out
     if den.numel() == 0 or float(den.detach().amin()) >= _sqrt_tiny(q.dtype):  # one reduction, one synchronisation
@@ -451,17 +465,20 @@ def _chunked(q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, call: _Call,
     batch, num_heads, q_len, _ = q.shape
     k_len = k.shape[2]
     pad, joint, lean = call.key_padding_mask, use == "sdpa-joint", call.shared is not None
+    dense = use == "dense"
+    products = dense and call.token2token == "exp"  # SDPA's products by matrix products
+    fits = not dense or products and query_chunk_size is None and batch * num_heads * q_len * k_len <= CHUNK_ELEMENTS
 
     def whole(qh: Tensor, kh: Tensor, nh: Tensor, sh: Tensor, mode: str | None) -> tuple[Tensor, Tensor] | None:
-        """One SDPA pair over all keys when the heads' mask needs no chunking: no positional mask, one
-        new query that sees every earlier key, or the kernel's own causal mask; else None."""
-        if use == "dense" or not call.include_self:
+        """One SDPA pair (or dense exp's products) over all keys when the heads' mask needs no chunking: no
+        positional mask, one new query that sees every earlier key, or the kernel's own causal mask; else None."""
+        if not fits or not call.include_self:
             return None
         if mode is None or mode == "forward" and q_len == 1:
             bias = (None if pad is None else call.shared.key_bias(pad, q.dtype) if call.shared is not None
                     else _key_bias(~pad[:, None, None, :], q.dtype))
-            return _sdpa_ratio(qh, kh, nh, sh, bias, call.scale, call.keep, joint=joint, lean=lean)
-        if mode == "forward" and pad is None and q_len == k_len:
+            return _sdpa_ratio(qh, kh, nh, sh, bias, call.scale, call.keep, joint=joint, lean=lean, matmul=products)
+        if mode == "forward" and pad is None and q_len == k_len and not dense:
             return _sdpa_ratio(qh, kh, nh, sh, None, call.scale, call.keep, is_causal=True, joint=joint, lean=lean)
         return None
 
@@ -485,9 +502,9 @@ def _chunked(q: Tensor, k: Tensor, num_values: Tensor, e_s: Tensor, call: _Call,
                 mask = key_mask if mask is None else mask & key_mask
             args = (qh[:, :, q0:q1], kh[:, :, k0:k1], nh[:, :, k0:k1], sh[:, :, k0:k1])
             out[:, heads, q0:q1], den[:, heads, q0:q1] = (
-                _dense_ratio(*args, mask, call.scale, call.token2token, call.keep) if use == "dense"
+                _dense_sigmoid(*args, mask, call.scale, call.keep) if dense and not products
                 else _sdpa_ratio(*args, None if mask is None else _key_bias(mask, q.dtype), call.scale, call.keep,
-                                 joint=joint, lean=lean)
+                                 joint=joint, lean=lean, matmul=products)
             )
     return out, den
 
@@ -565,16 +582,25 @@ def _guarded_ratio(num: Tensor, den: Tensor) -> Tensor:
 
 def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, bias: tuple[Tensor, Tensor | None] | None,
                 scale: float, keep: float, is_causal: bool = False, joint: bool = False,
-                lean: bool = False) -> tuple[Tensor, Tensor]:
+                lean: bool = False, matmul: bool = False) -> tuple[Tensor, Tensor]:
     """``(out, Z)``: ``Z = SDPA(q, k, E_S)``, ``out = SDPA(q, k, v*E_S') / Z`` with dropout (``keep < 1``) on the
     numerator's probabilities only (reference §8.3), 0 on rows without an allowed key. ``bias``: :func:`_key_bias`
     of the allowed keys; ``is_causal``: the kernel's own forward-with-self mask; ``joint`` (no dropout): one call for
-    both; ``lean``: an unguarded ratio, for callers that recompute the call wherever ``Z`` underflowed."""
+    both; ``lean``: an unguarded ratio, for callers that recompute the call wherever ``Z`` underflowed; ``matmul``
+    (not causal): ``P = softmax(s + mask)`` materialised, then one product with the joined values (two with
+    dropout) instead of the SDPA calls."""
     attn_mask: Tensor | None = None
     has_key: Tensor | None = None
     if bias is not None:
         attn_mask, has_key = bias
-    if joint:
+    if matmul:
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+        p = torch.softmax(scores if attn_mask is None else scores.add_(attn_mask), dim=-1)
+        if keep == 1.0:
+            num, den = torch.matmul(p, torch.cat([num_values, den_values], dim=-1)).unflatten(-1, (2, -1)).unbind(-2)
+        else:
+            num, den = torch.matmul(F.dropout(p, 1.0 - keep), num_values), torch.matmul(p, den_values)
+    elif joint:
         # zero columns bring q, k and the joined values to one width, which the fused (flash) kernels need;
         # they change neither the scores (the scale is given) nor the first 2 * d_v output columns
         d_v = num_values.shape[-1]
@@ -620,17 +646,10 @@ def _additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     return bias[..., :length].masked_fill_(allowed, 0.0)
 
 
-def _dense_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None, scale: float,
-                 token2token: str, keep: float) -> tuple[Tensor, Tensor]:
-    """The authors' algorithm on one query chunk: ``E_R`` materialised as ``[B, H, chunk, L]``."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if token2token == "sigmoid":
-        e_r = torch.sigmoid(scores)
-    else:  # max-stabilised exp: a per-row constant cancels in the ratio
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        row_max = scores.amax(dim=-1, keepdim=True)
-        e_r = torch.exp(scores - row_max.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0))
+def _dense_sigmoid(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, mask: Tensor | None, scale: float,
+                   keep: float) -> tuple[Tensor, Tensor]:
+    """The authors' algorithm on one query chunk: ``E_R = sigmoid(s)`` materialised as ``[B, H, chunk, L]``."""
+    e_r = torch.sigmoid(torch.matmul(q, k.transpose(-1, -2)) * scale)
     if mask is not None:
         e_r = e_r.masked_fill(~mask, 0.0)
     den = torch.matmul(e_r, den_values)

@@ -1,14 +1,16 @@
 """Peak memory and time of one forward+backward pass of self-attention, side by side (docs/benchmark-core.md):
 
-* ``mtsa``: :class:`MTSAMultiheadAttention` with ``kernel="auto"`` (two SDPA calls for its exp token2token);
-* ``mtsa-sdpa``, ``mtsa-sdpa-joint`` and ``mtsa-triton`` (CUDA): the same module with the kernel fixed;
+* ``mtsa``: :class:`MTSAMultiheadAttention` with ``kernel="auto"`` (for its exp token2token two SDPA calls, on CPU
+  ``"dense"`` from 2**16 scores with keys up to 256);
+* ``mtsa-sdpa``, ``mtsa-sdpa-joint``, ``mtsa-dense`` and ``mtsa-triton`` (CUDA): the same module with the kernel
+  fixed;
 * ``naive``: the same projections with the authors' ``[B, H, L, L]`` algorithm (``mtsa_naive``);
 * ``mha``: fairseq's ``MultiheadAttention``; ``mha-flash``: the MTSA module's projections around one fused
   ``scaled_dot_product_attention`` call, the cost the Triton kernel aims at.
 
-With ``--core`` the ``mtsa-*`` kernels and ``mha-flash`` time ``mtsa_core`` and ``scaled_dot_product_attention``
-alone on per-head ``[B, H, L, d]`` tensors without padding. Each (method, length) runs in a fresh subprocess (time:
-the median of ``--repeats`` passes after a warm-up one). Writes a Markdown table.
+With ``--core`` ``mtsa``, the ``mtsa-*`` kernels and ``mha-flash`` time ``mtsa_core`` and
+``scaled_dot_product_attention`` alone on per-head ``[B, H, L, d]`` tensors without padding. Each (method, length)
+runs in a fresh subprocess (time: the median of ``--repeats`` passes after a warm-up one). Writes a Markdown table.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from pathlib import Path
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_atomic
 
-METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-triton", "naive", "mha", "mha-flash")
-CORE_METHODS = ("mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-triton", "mha-flash")
+METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton", "naive", "mha", "mha-flash")
+CORE_METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton", "mha-flash")
 DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-triton", "mha-flash", "mha"),
                    "core": ("mtsa-sdpa", "mtsa-triton", "mha-flash")}
 
@@ -101,7 +103,8 @@ def _core(method: str, args: argparse.Namespace):
         if method == "mha-flash":
             out = F.scaled_dot_product_attention(q, k, v)
         else:
-            out = mtsa_core(q, k, v, s2t, kernel=method.removeprefix("mtsa-"), s2t_activation="sigmoid")
+            kernel = "auto" if method == "mtsa" else method.removeprefix("mtsa-")
+            out = mtsa_core(q, k, v, s2t, kernel=kernel, s2t_activation="sigmoid")
         out.float().sum().backward()
 
     torch.manual_seed(0)

@@ -89,6 +89,7 @@ def _core(method: str, args: argparse.Namespace):
     import torch
     import torch.nn.functional as F
 
+    from mtsa_fairseq.experiments.bench.launches import kernel_of
     from mtsa_fairseq.modules.mtsa_core import mtsa_core
 
     def inputs(n):
@@ -103,8 +104,7 @@ def _core(method: str, args: argparse.Namespace):
         if method == "mha-flash":
             out = F.scaled_dot_product_attention(q, k, v)
         else:
-            kernel = "auto" if method == "mtsa" else method.removeprefix("mtsa-")
-            out = mtsa_core(q, k, v, s2t, kernel=kernel, s2t_activation="sigmoid")
+            out = mtsa_core(q, k, v, s2t, kernel=kernel_of(method), s2t_activation="sigmoid")
         out.float().sum().backward()
 
     torch.manual_seed(0)

@@ -78,7 +78,8 @@ def profile_cuda_step(step: Callable[[], None]) -> dict[str, int]:
 PADDINGS = ("padded", "unpadded")
 
 
-def _kernel(name: str) -> str:
+def kernel_of(name: str) -> str:
+    """mtsa_core's kernel of a method name: ``mtsa`` is ``auto``, ``mtsa-<kernel>`` that kernel."""
     return name.removeprefix("mtsa-") if name != "mtsa" else "auto"
 
 
@@ -92,7 +93,7 @@ def build_layer(name: str, dropout: float, s2t_activation: str, args: argparse.N
 
     cfg = TransformerConfig(dropout=0.1, attention_dropout=dropout)
     cfg.encoder.embed_dim, cfg.encoder.ffn_embed_dim, cfg.encoder.attention_heads = args.dim, 4 * args.dim, args.heads
-    cfg.mtsa_kernel, cfg.mtsa_s2t_activation = _kernel(name), s2t_activation
+    cfg.mtsa_kernel, cfg.mtsa_s2t_activation = kernel_of(name), s2t_activation
     torch.manual_seed(0)
     layer = TransformerEncoderLayerBase(cfg) if name == "transformer" else MTSAEncoderLayer(cfg)
     return layer.to(device=args.device, dtype=getattr(torch, args.dtype)).train()
@@ -111,7 +112,7 @@ def build_model(name: str, dropout: float, s2t_activation: str, args: argparse.N
         ("embed_dim", args.dim), ("ffn_embed_dim", 4 * args.dim), ("attention_heads", args.heads),
         ("layers", args.layers_per_stack))}
     ns = argparse.Namespace(**sizes, attention_dropout=dropout, share_all_embeddings=True,
-                            mtsa_kernel=_kernel(name), mtsa_s2t_activation=s2t_activation)
+                            mtsa_kernel=kernel_of(name), mtsa_s2t_activation=s2t_activation)
     ARCH_CONFIG_REGISTRY[arch](ns)
     words = Dictionary()
     for i in range(100):

@@ -481,7 +481,7 @@ def test_kernel_choice(monkeypatch):
     assert core._choose_kernel("auto", "exp", q.new_empty(16, 4, 32, 8).bfloat16(), 32, False) == "sdpa"
     assert core._choose_kernel("auto", "exp", q.new_empty(1, 4, 512, 8), 512, False) == "sdpa"  # long: flash
     assert core._choose_kernel("sdpa", "exp", q.new_empty(16, 4, 32, 8), 32, False) == "sdpa"
-    cuda_half = types.SimpleNamespace(is_cuda=True, dtype=torch.float16, shape=(16, 4, 32, 8),
+    cuda_half = types.SimpleNamespace(is_cuda=True, is_cpu=False, dtype=torch.float16, shape=(16, 4, 32, 8),
                                       device=types.SimpleNamespace(type="cuda"))
     monkeypatch.setattr(core, "triton_available", lambda: True)
     assert core._choose_kernel("auto", "exp", cuda_half, 32, True) == "sdpa"  # faster than Triton on an H100

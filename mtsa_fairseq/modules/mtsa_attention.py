@@ -84,6 +84,7 @@ class MTSAMultiheadAttention(MultiheadAttention):
         self.s2t_input = s2t_input
         self.s2t_activation = s2t_activation
         self.s2t_scale = 1.0 / math.sqrt(self.head_dim) if s2t_activation.startswith("scaled_") else 1.0
+        self.e_s_activation = "sigmoid" if s2t_activation.endswith("sigmoid") else "exp"  # mtsa_core's s2t_activation
         self.s2t_hidden_activation = s2t_hidden_activation
         self.s2t_hidden = self.s2t_hidden_fn = None
         if s2t_hidden_activation is not None:
@@ -119,7 +120,7 @@ class MTSAMultiheadAttention(MultiheadAttention):
         length, batch, _ = query.shape
         if attn_mask is not None:
             _check_future_mask(attn_mask, length)
-        if key_padding_mask is not None:
+        if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
             key_padding_mask = key_padding_mask.to(torch.bool)
         q = self._split_heads(self.q_proj(query), length, batch)
         k = self._split_heads(self.k_proj(query), length, batch)
@@ -127,14 +128,14 @@ class MTSAMultiheadAttention(MultiheadAttention):
         s2t = self.source2token(v if self.s2t_input == "v" else k)
         if incremental_state is not None:
             k, v, s2t, key_padding_mask = self._extend_cache(incremental_state, k, v, s2t, key_padding_mask)
-        s2t_activation = "sigmoid" if self.s2t_activation.endswith("sigmoid") else "exp"
         if torch.jit.is_scripting():
             out = mtsa_core_scripted(q, k, v, s2t, key_padding_mask, self.direction, self.dropout_module.p,
-                                     self.training, s2t_activation)
+                                     self.training, self.e_s_activation)
         else:
             shared = None if torch.compiler.is_compiling() else _SHARED.get()
             out = mtsa_core(q, k, v, s2t, key_padding_mask, self.direction, dropout_p=self.dropout_module.p,
-                            training=self.training, kernel=self.kernel, s2t_activation=s2t_activation, shared=shared)
+                            training=self.training, kernel=self.kernel, s2t_activation=self.e_s_activation,
+                            shared=shared)
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out), None
 

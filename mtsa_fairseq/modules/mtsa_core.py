@@ -145,7 +145,7 @@ class _Call(NamedTuple):
     """The masks and settings of one :func:`mtsa_core` call, which its helpers share."""
 
     key_padding_mask: Tensor | None
-    groups: list[tuple[slice, str | None]]  # head_directions
+    groups: tuple[tuple[slice, str | None], ...]  # head_directions
     include_self: bool
     token2token: str
     s2t_activation: str | None
@@ -222,29 +222,44 @@ def _dense_is_faster(q: Tensor, k_len: int) -> bool:
     """Whether ``"auto"`` gives exp ``"dense"``: on CPU tensors in float32 or float64 with keys up to 256 and
     at least 2**16 scores, where one softmax and one product over the joined values took 0.68-0.86x the time of
     the two flash SDPA calls (docs/kernel.md, "Which kernel runs when"); eager only."""
-    if torch.compiler.is_compiling() or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
+    if not q.is_cpu or q.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling():
         return False
     batch, heads, q_len, _ = q.shape
     return k_len <= 256 and batch * heads * q_len * k_len >= 1 << 16
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None) -> None:
-    if q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if len(qs) != 4 or len(ks) != 4 or ks[0] != qs[0] or ks[1] != qs[1] or ks[3] != qs[3]:
+        raise ValueError(f"q and k must be [B, H, L_q, d_k] and [B, H, L, d_k], got {tuple(qs)} and {tuple(ks)}")
+    if qs[2] > ks[2]:
+        raise ValueError(f"more queries than keys: L_q = {qs[2]} > L = {ks[2]}")
+    if len(vs) != 4 or vs[0] != ks[0] or vs[1] != ks[1] or vs[2] != ks[2] or s2t.shape != vs:
         raise ValueError(
-            f"q and k must be [B, H, L_q, d_k] and [B, H, L, d_k], got {tuple(q.shape)} and {tuple(k.shape)}"
+            f"v and s2t must both be [B, H, L, d_v] matching k, got {tuple(vs)} and {tuple(s2t.shape)}"
         )
-    if q.shape[2] > k.shape[2]:
-        raise ValueError(f"more queries than keys: L_q = {q.shape[2]} > L = {k.shape[2]}")
-    if v.dim() != 4 or v.shape[:3] != k.shape[:3] or s2t.shape != v.shape:
+    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool
+                                         or key_padding_mask.shape != (ks[0], ks[2])):
         raise ValueError(
-            f"v and s2t must both be [B, H, L, d_v] matching k, got {tuple(v.shape)} and {tuple(s2t.shape)}"
+            f"key_padding_mask must be bool [B, L] = {(ks[0], ks[2])}, "
+            f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
         )
-    if key_padding_mask is not None:
-        if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (k.shape[0], k.shape[2]):
-            raise ValueError(
-                f"key_padding_mask must be bool [B, L] = {(k.shape[0], k.shape[2])}, "
-                f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
-            )
+
+
+@functools.lru_cache(maxsize=256)
+def _settings(num_heads: int, d_k: int, direction: str | None, token2token: str, s2t_activation: str | None,
+              dropout_p: float, training: bool) -> tuple[tuple[tuple[slice, str | None], ...], float, float, bool]:
+    """The checked options of a :func:`mtsa_core` call: ``(head_directions, scale, keep, dropout_active)``, computed
+    once per distinct call (a lookup costs less host time than the checks it replaces)."""
+    if token2token not in TOKEN2TOKEN:
+        raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
+    if s2t_activation not in E_S_ACTIVATIONS:
+        raise ValueError(f"s2t_activation must be one of {E_S_ACTIVATIONS}, got {s2t_activation!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    dropout_active = training and dropout_p > 0.0
+    return (tuple(head_directions(num_heads, direction)), 1.0 / math.sqrt(d_k),
+            math.sqrt(1.0 - dropout_p) if dropout_active else 1.0, dropout_active)
 
 
 def _source2token_weights(s2t: Tensor, s2t_activation: str | None, key_padding_mask: Tensor | None) -> Tensor:
@@ -319,19 +334,12 @@ def mtsa_core(
         ``[B, H, L_q, d_v]``; rows with no allowed key are 0.
     """
     _check_inputs(q, k, v, s2t, key_padding_mask)
-    if token2token not in TOKEN2TOKEN:
-        raise ValueError(f"token2token must be one of {TOKEN2TOKEN}, got {token2token!r}")
-    if s2t_activation not in E_S_ACTIVATIONS:
-        raise ValueError(f"s2t_activation must be one of {E_S_ACTIVATIONS}, got {s2t_activation!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    groups = head_directions(q.shape[1], direction)
-    dropout_active = training and dropout_p > 0.0
+    groups, scale, keep, dropout_active = _settings(q.shape[1], q.shape[3], direction, token2token, s2t_activation,
+                                                    dropout_p, training)
     use = _choose_kernel(kernel, token2token, q, k.shape[2], dropout_active)
     if use == "flex" and q.shape[2] != k.shape[2]:
         raise ValueError("kernel='flex' needs as many queries as keys (no incremental decoding)")
-    call = _Call(key_padding_mask, groups, include_self, token2token, s2t_activation, 1.0 / math.sqrt(q.shape[3]),
-                 math.sqrt(1.0 - dropout_p) if dropout_active else 1.0, shared)
+    call = _Call(key_padding_mask, groups, include_self, token2token, s2t_activation, scale, keep, shared)
 
     e_s = _source2token_weights(s2t, s2t_activation, key_padding_mask)
     num_values, s2t_kept = _numerator_values(v, e_s, call.keep)

@@ -270,6 +270,8 @@ def test_auto_computes_larger_cpu_inputs_by_matrix_products(monkeypatch, largest
         (dict(kernel="flex"), "for token2token='sigmoid'"),
         (dict(kernel="cuda"), "kernel must be one of"),
         (dict(s2t_activation="tanh"), "s2t_activation must be one of"),
+        (dict(direction=["bi"]), "direction must be one of"),  # unhashable: past the options' cache
+        (dict(token2token=["exp"]), "token2token must be one of"),
     ],
 )
 def test_bad_arguments(kwargs, message):

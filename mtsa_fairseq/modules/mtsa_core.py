@@ -334,8 +334,11 @@ def mtsa_core(
         ``[B, H, L_q, d_v]``; rows with no allowed key are 0.
     """
     _check_inputs(q, k, v, s2t, key_padding_mask)
-    groups, scale, keep, dropout_active = _settings(q.shape[1], q.shape[3], direction, token2token, s2t_activation,
-                                                    dropout_p, training)
+    options = (q.shape[1], q.shape[3], direction, token2token, s2t_activation, dropout_p, training)
+    try:
+        groups, scale, keep, dropout_active = _settings(*options)
+    except TypeError:  # an unhashable option (a list, say): the checks' own error, uncached
+        groups, scale, keep, dropout_active = _settings.__wrapped__(*options)
     use = _choose_kernel(kernel, token2token, q, k.shape[2], dropout_active)
     if use == "flex" and q.shape[2] != k.shape[2]:
         raise ValueError("kernel='flex' needs as many queries as keys (no incremental decoding)")

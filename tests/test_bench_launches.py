@@ -150,10 +150,10 @@ def test_usage_errors():
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("give 0 among --dropouts")
 
 
-def test_the_joint_kernel_is_measured_at_dropout_0_only():
+def test_the_joint_kernel_is_measured_at_dropout_0_only_and_paddings_are_chosen():
     args = argparse.Namespace(levels=["layer"], layers=["transformer", "mtsa-sdpa-joint"], s2t_activations=["sigmoid"],
-                              dropouts=[0.0, 0.1], batch=2, length=6, dim=16, heads=2, rounds=1, device="cpu",
-                              dtype="float32", layers_per_stack=1)
+                              dropouts=[0.0, 0.1], paddings=["unpadded"], batch=2, length=6, dim=16, heads=2, rounds=1,
+                              device="cpu", dtype="float32", layers_per_stack=1)
     rows = launches.measure(args)
-    assert [(r["layer"], r["dropout"]) for r in rows] == [("transformer", 0.0)] * 2 + [("transformer", 0.1)] * 2 + [
-        ("mtsa-sdpa-joint", 0.0)] * 2
+    assert [(r["layer"], r["dropout"], r["padding"]) for r in rows] == [
+        ("transformer", 0.0, "unpadded"), ("transformer", 0.1, "unpadded"), ("mtsa-sdpa-joint", 0.0, "unpadded")]

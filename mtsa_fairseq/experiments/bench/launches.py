@@ -75,9 +75,6 @@ def profile_cuda_step(step: Callable[[], None]) -> dict[str, int]:
             "syncs": sum(calls[name] for name in CUDA_SYNCHRONISATIONS)}
 
 
-PADDINGS = ("padded", "unpadded")
-
-
 def kernel_of(name: str) -> str:
     """mtsa_core's kernel of a method name: ``mtsa`` is ``auto``, ``mtsa-<kernel>`` that kernel."""
     return name.removeprefix("mtsa-") if name != "mtsa" else "auto"
@@ -170,7 +167,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
         if name == "mtsa-sdpa-joint" and dropout:  # the joint call has no attention dropout: no such cell
             continue
         module = (build_layer if level == "layer" else build_model)(name, dropout, s2t, args)
-        for padding in PADDINGS:
+        for padding in args.paddings:
             inputs = _step_input(level, padding, args)
             forward = _forward(level, module, inputs)
 
@@ -222,12 +219,17 @@ def table(rows: list[dict], cuda: bool) -> str:
     return markdown_table(header, lines)
 
 
+def launches_table(report: dict, names: dict[str, str] | None = None) -> list[str]:
+    """:func:`table` of a ``--json`` report, as lines (``mtsa-docs-tables`` kind ``launches``; ``names`` unused)."""
+    return table(report["rows"], report["settings"]["device"].startswith("cuda")).split("\n")
+
+
 def run(args: argparse.Namespace) -> None:
     """``mtsa-bench-launches``: measure, write ``--json`` and ``--markdown``, print the table with its settings."""
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = measure(args)
-    settings = {name: getattr(args, name) for name in ("levels", "batch", "length", "dim", "heads",
+    settings = {name: getattr(args, name) for name in ("levels", "paddings", "batch", "length", "dim", "heads",
                                                       "layers_per_stack", "s2t_activations", "dropouts", "rounds",
                                                       "threads", "device", "dtype")}
     meta = (f"torch {torch.__version__}, {device_name(args.device)}, {args.dtype}, batch {args.batch}, length "

@@ -2,7 +2,8 @@
 side (docs/benchmark-launches.md): per encoder layer (``--levels layer``, called as fairseq's encoder calls its second
 and later layers, an MTSA layer in its encoder's shared pass) and per model (``model``: ``transformer_wmt_en_de``
 against ``transformer_mtsa_wmt_en_de``, ``--layers-per-stack`` encoder and decoder layers), on ``--batch`` sequences
-of ``--length`` tokens of width ``--dim``, with one left-padded sequence and without, at each of ``--dropouts``.
+of ``--length`` tokens of width ``--dim``, with one left-padded sequence and without (``--paddings``), at each of
+``--dropouts``.
 
 ``--layers``: ``transformer`` (fairseq's); ``mtsa`` (``--mtsa-kernel auto``, one row per ``--s2t-activations``
 form); ``mtsa-sdpa-joint``, ``mtsa-dense``, ``mtsa-triton``, the kernel fixed (``sdpa-joint`` at dropout 0 only,
@@ -24,6 +25,7 @@ from mtsa_fairseq.experiments.processes import run_command
 
 S2T_ACTIVATIONS = ("scaled_sigmoid", "sigmoid", "exp", "scaled_exp")  # mtsa_attention's, without importing torch
 LAYERS = ("transformer", "mtsa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton")  # launches.build_layer's names
+PADDINGS = ("padded", "unpadded")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="encoder layers, whole models, or both")
     parser.add_argument("--s2t-activations", nargs="+", choices=S2T_ACTIVATIONS, default=["scaled_sigmoid"],
                         help="MTSA's --mtsa-s2t-activation forms (default: the models' default)")
+    parser.add_argument("--paddings", nargs="+", choices=PADDINGS, default=list(PADDINGS),
+                        help="batches with one left-padded sequence, without padding, or both")
     parser.add_argument("--layers-per-stack", type=int, default=6, help="encoder and decoder layers of a model")
     parser.add_argument("--batch", type=int, default=2, help="sequences per batch")
     parser.add_argument("--length", type=int, default=16, help="tokens per sequence")

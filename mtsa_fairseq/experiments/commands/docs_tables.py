@@ -16,8 +16,9 @@ per validated update), plateau (a curves JSON: the budget rule per run), study (
 checkpoint kind and BLEU both systems' mean ± sd, the difference with its 95% confidence interval, Welch's test,
 the equivalence test within ±``margin=M`` (default 0.45) and the difference detectable at 80% power),
 study-paired (the paired tests per seed: two-sided bootstrap, approximate randomization, Moses-style bootstrap),
-study-runs (per run: updates, time, throughput, validation and test BLEU) and fairseq-train (a result of
-mtsa-bench-fairseq-train: every run's tokens per second, the medians and the ratios to the first system).
+study-runs (per run: updates, time, throughput, validation and test BLEU), fairseq-train (a result of
+mtsa-bench-fairseq-train: every run's tokens per second, the medians and the ratios to the first system) and
+launches (a result of mtsa-bench-launches: every row's operators, host synchronisations and time).
 
   mtsa-docs-tables docs/results-sentence.md            # rewrite the tables
   mtsa-docs-tables --check docs/results-sentence.md    # exit 1 naming every table that differs
@@ -45,12 +46,20 @@ from mtsa_fairseq.experiments.sentence.report import (
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import study_paired_table, study_runs_table, study_table
 
+
+def launches_table(report: dict, names: dict[str, str]) -> list[str]:
+    """mtsa-bench-launches' table of ``report`` (imported here: its module imports torch)."""
+    from mtsa_fairseq.experiments.bench.launches import launches_table
+
+    return launches_table(report, names)
+
+
 OPEN = re.compile(r"^<!-- table (\S+) (\S+)((?: \S+=\S+)*) -->$")
 CLOSE = "<!-- /table -->"
 TABLES = {"summary": summary_table, "cv": cross_validation_table, "runs": runs_table, "folds": folds_table,
           "anchor": anchor_table, "search": search_table, "curves": curves_table, "plateau": plateau_table,
           "study": study_table, "study-paired": study_paired_table, "study-runs": study_runs_table,
-          "fairseq-train": fairseq_train_table}
+          "fairseq-train": fairseq_train_table, "launches": launches_table}
 
 
 class TableError(ValueError):

@@ -352,7 +352,8 @@ def test_table6_markdown(results):
            f"{significance.format_p(tests.p_bootstrap_two_sided)} | {significance.format_p(tests.p_ar)} |")
     assert row in text and "| seed | Transformer BLEU | MTSA BLEU | bootstrap p (two-sided) | AR p |" in text
     assert "detectable difference (Welch, 80% power, two-sided α = 0.05)" in text
-    assert "equivalence within" not in text  # no margin given: no equivalence test
+    assert "equivalence within" not in text  # no margin given: no equivalence test, and none is cited
+    assert "only an equivalence test (--equivalence-margin) can show a difference within a margin." in text
     moses = significance.render_markdown(
         significance.compare(files["base"], files["mtsa"], bootstrap="moses", bootstrap_samples=200, ar_samples=300,
                              seed=3), ("Transformer", "MTSA"))
@@ -362,8 +363,9 @@ def test_table6_markdown(results):
     assert summary["groups"][0]["paired"][0] == {"seed": 1, **vars(tests)} and summary["equivalence_margin"] is None
     with_margin = significance.compare(files["base"], files["mtsa"], equivalence_margin=0.45, bootstrap_samples=50,
                                        ar_samples=50, seed=3)
-    assert "| p-value (equivalence within ±0.45, two one-sided Welch t-tests) |" in significance.render_markdown(
-        with_margin, ("Transformer", "MTSA"))
+    with_margin_text = significance.render_markdown(with_margin, ("Transformer", "MTSA"))
+    assert "| p-value (equivalence within ±0.45, two one-sided Welch t-tests) |" in with_margin_text
+    assert "only the equivalence test (p < 0.05) shows a difference within its margin." in with_margin_text
     assert significance.comparison_to_json(with_margin, ("T", "M"))["groups"][0]["equivalence"]["margin"] == 0.45
     assert f"| {significance.format_p(tests.p_bootstrap_moses)} | {significance.format_p(tests.p_ar)} |" in moses
 

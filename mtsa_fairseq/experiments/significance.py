@@ -547,10 +547,13 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
     if comparison.equivalence_margin is not None:
         lines.append(row([f"p-value (equivalence within ±{comparison.equivalence_margin:g}, two one-sided Welch "
                           "t-tests)", "", *(format_p(g.equivalence.p) for g in groups)]))
+    within = ("only the equivalence test (p < 0.05) shows a difference within its margin"
+              if comparison.equivalence_margin is not None
+              else "only an equivalence test (--equivalence-margin) can show a difference within a margin")
     lines += [
         "",
         "With few runs per system the t-test has little power: a large p-value is no evidence that the systems "
-        "are equal (Clark et al., 2011); only the equivalence test (p < 0.05) shows a difference within its margin.",
+        f"are equal (Clark et al., 2011); {within}.",
     ]
     bootstrap_column = {"two-sided": "bootstrap p (two-sided)", "moses": "bootstrap p (Moses, one-sided-like)"}
     bootstrap_field = {"two-sided": "p_bootstrap_two_sided", "moses": "p_bootstrap_moses"}[comparison.bootstrap]

@@ -544,12 +544,11 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
         row([f"detectable difference (Welch, {POWER:.0%} power, two-sided α = {ALPHA})", "",
              *(f"{g.detectable:.2f}" for g in groups)]),
     ]
+    within = "only an equivalence test (--equivalence-margin) can show a difference within a margin"
     if comparison.equivalence_margin is not None:
         lines.append(row([f"p-value (equivalence within ±{comparison.equivalence_margin:g}, two one-sided Welch "
                           "t-tests)", "", *(format_p(g.equivalence.p) for g in groups)]))
-    within = ("only the equivalence test (p < 0.05) shows a difference within its margin"
-              if comparison.equivalence_margin is not None
-              else "only an equivalence test (--equivalence-margin) can show a difference within a margin")
+        within = "only the equivalence test (p < 0.05) shows a difference within its margin"
     lines += [
         "",
         "With few runs per system the t-test has little power: a large p-value is no evidence that the systems "

@@ -71,6 +71,28 @@ def test_nmt_module_matches_literal(kwargs):
     torch.testing.assert_close(out, nmt_literal(m, x, pad), rtol=0, atol=1e-10)
 
 
+def test_nmt_projections_joined_or_through_hooked_modules_give_the_same_values_and_gradients():
+    """The module projects q, k and v in one product; a projection with a forward hook (fairseq's quant noise
+    registers one) is called as a module, so that the hook runs."""
+    m = MTSAMultiheadAttention(16, 4).double().train()
+    x = torch.randn(7, 3, 16, dtype=torch.float64)
+    joined = m(x, x, x)[0]
+    joined_grads = torch.autograd.grad(joined.sum(), list(m.parameters()))
+    calls = []
+    m.k_proj.register_forward_pre_hook(lambda module, args: calls.append(module))
+    hooked = m(x, x, x)[0]
+    assert calls == [m.k_proj]
+    torch.testing.assert_close(hooked, joined, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(hooked.sum(), list(m.parameters())), joined_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    noised = MTSAMultiheadAttention(16, 4, q_noise=0.5, qn_block_size=4).train()
+    x = x.float()
+    with_noise = noised(x, x, x)[0]
+    for proj in (noised.q_proj, noised.k_proj, noised.v_proj):
+        proj._forward_pre_hooks.clear()
+    assert not torch.allclose(with_noise, noised(x, x, x)[0])
+
+
 def test_nmt_module_padding_invariance_and_no_nan():
     m = MTSAMultiheadAttention(16, 4, s2t_activation="exp").eval()
     x = torch.randn(6, 1, 16)

@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
+import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
-from torch import Tensor
+from torch import Tensor, nn
 
 from .mtsa_core import EXP_KERNELS, SharedPass, head_directions, mtsa_core, mtsa_core_scripted
 from .per_head import PerHeadLinear, activation
@@ -122,9 +123,7 @@ class MTSAMultiheadAttention(MultiheadAttention):
             _check_future_mask(attn_mask, length)
         if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
             key_padding_mask = key_padding_mask.to(torch.bool)
-        q = self._split_heads(self.q_proj(query), length, batch)
-        k = self._split_heads(self.k_proj(query), length, batch)
-        v = self._split_heads(self.v_proj(query), length, batch)
+        q, k, v = self._project(query, length, batch)
         s2t = self.source2token(v if self.s2t_input == "v" else k)
         if incremental_state is not None:
             k, v, s2t, key_padding_mask = self._extend_cache(incremental_state, k, v, s2t, key_padding_mask)
@@ -139,9 +138,23 @@ class MTSAMultiheadAttention(MultiheadAttention):
         out = out.permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         return self.out_proj(out), None
 
-    def _split_heads(self, x: Tensor, length: int, batch: int) -> Tensor:
-        """``[L, B, H * d]`` -> per-head ``[B, H, L, d]`` (a view)."""
-        return x.view(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+    def _project(self, query: Tensor, length: int, batch: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-head ``q, k, v`` ``[B, H, L, d]`` (views) of ``query [L, B, C]``: one matrix product with the three
+        projections' weights joined (a third of the products each way), or, under TorchScript and where a forward
+        hook is registered on a projection (quant noise is one), the three modules called, so that their hooks
+        run."""
+        shape = (length, batch, self.num_heads, self.head_dim)
+        if torch.jit.is_scripting():
+            q, k, v = self.q_proj(query).view(shape), self.k_proj(query).view(shape), self.v_proj(query).view(shape)
+        elif _hooked(self.q_proj) or _hooked(self.k_proj) or _hooked(self.v_proj):
+            q, k, v = (proj(query).view(shape) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        else:
+            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            bias = None if self.q_proj.bias is None else torch.cat([self.q_proj.bias, self.k_proj.bias,
+                                                                    self.v_proj.bias])
+            # heads split on dim 2: the gradients' stack is then [L, B, 3, H, d], contiguous as the product's
+            q, k, v = F.linear(query, weight, bias).view(length, batch, 3, *shape[2:]).unbind(2)
+        return q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
 
     def _extend_cache(self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, s2t: Tensor,
                       key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -167,6 +180,10 @@ class MTSAMultiheadAttention(MultiheadAttention):
         saved["prev_key_padding_mask"] = key_padding_mask
         self._set_input_buffer(incremental_state, saved)
         return k, v, s2t, key_padding_mask
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_pre_hooks or module._forward_hooks)
 
 
 def _no_pads(x: Tensor) -> Tensor:

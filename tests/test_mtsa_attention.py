@@ -7,6 +7,7 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
+from mtsa_fairseq.experiments.bench.launches import OperatorCount
 from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention
 from mtsa_fairseq.modules.mtsa_reference import mtsa_literal
 
@@ -72,8 +73,9 @@ def test_nmt_module_matches_literal(kwargs):
 
 
 def test_nmt_projections_joined_or_through_hooked_modules_give_the_same_values_and_gradients():
-    """The module projects q, k and v in one product; a projection with a forward hook (fairseq's quant noise
-    registers one) is called as a module, so that the hook runs."""
+    """Where autograd records, the module projects q, k and v in one product; a projection with a forward hook
+    (fairseq's quant noise registers one) is called as a module, so that the hook runs, and so are all three
+    without autograd."""
     m = MTSAMultiheadAttention(16, 4).double().train()
     x = torch.randn(7, 3, 16, dtype=torch.float64)
     joined = m(x, x, x)[0]
@@ -85,6 +87,13 @@ def test_nmt_projections_joined_or_through_hooked_modules_give_the_same_values_a
     torch.testing.assert_close(hooked, joined, rtol=0, atol=1e-12)
     for a, b in zip(torch.autograd.grad(hooked.sum(), list(m.parameters())), joined_grads):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    m.k_proj._forward_pre_hooks.clear()
+    with torch.no_grad(), OperatorCount() as inference:  # no backward to save in: the weights are not copied
+        torch.testing.assert_close(m(x, x, x)[0], joined, rtol=0, atol=1e-12)
+    with OperatorCount() as training:
+        m(x, x, x)
+    assert (inference.operators["addmm"], inference.operators["cat"]) == (4, 0)
+    assert (training.operators["addmm"], training.operators["cat"]) == (2, 2)
     noised = MTSAMultiheadAttention(16, 4, q_noise=0.5, qn_block_size=4).train()
     x = x.float()
     with_noise = noised(x, x, x)[0]

@@ -139,14 +139,15 @@ class MTSAMultiheadAttention(MultiheadAttention):
         return self.out_proj(out), None
 
     def _project(self, query: Tensor, length: int, batch: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head ``q, k, v`` ``[B, H, L, d]`` (views) of ``query [L, B, C]``: one matrix product with the three
-        projections' weights joined (a third of the products each way), or, under TorchScript and where a forward
-        hook is registered on a projection (quant noise is one), the three modules called, so that their hooks
-        run."""
+        """Per-head ``q, k, v`` ``[B, H, L, d]`` (views) of ``query [L, B, C]``. Where autograd records, one matrix
+        product with the three projections' weights joined: its backward makes a third of the products and one
+        gradient copy where three modules make three. Without autograd (inference, where joining would only add a
+        copy of the weights per call), under TorchScript, and where a forward hook is registered on a projection
+        (quant noise is one), the three modules are called."""
         shape = (length, batch, self.num_heads, self.head_dim)
         if torch.jit.is_scripting():
             q, k, v = self.q_proj(query).view(shape), self.k_proj(query).view(shape), self.v_proj(query).view(shape)
-        elif _hooked(self.q_proj) or _hooked(self.k_proj) or _hooked(self.v_proj):
+        elif not torch.is_grad_enabled() or _hooked(self.q_proj) or _hooked(self.k_proj) or _hooked(self.v_proj):
             q, k, v = (proj(query).view(shape) for proj in (self.q_proj, self.k_proj, self.v_proj))
         else:
             weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])

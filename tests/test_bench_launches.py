@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 
 from mtsa_fairseq.experiments.bench import launches
-from mtsa_fairseq.experiments.bench.launches import OperatorCount, count_step
+from mtsa_fairseq.experiments.bench.launches import OperatorCount, PythonCalls, count_step
 from mtsa_fairseq.experiments.commands import bench_launches
 from mtsa_fairseq.modules import mtsa_attention
 from mtsa_fairseq.modules.mtsa_attention import MTSAMultiheadAttention, shared_pass
@@ -43,6 +43,21 @@ def test_the_counter_counts_kernels_not_views_or_allocations_and_synchronisation
     assert count.syncs == {"_local_scalar_dense": 1, "nonzero": 1}
 
 
+def _double(t):
+    return t * 2
+
+
+def test_the_python_counter_counts_functions_by_name_and_calls_into_c():
+    t = torch.randn(3)
+    with PythonCalls() as calls:
+        _double(_double(t)).sum()
+    assert calls.functions == {f"{__name__}._double": 2}
+    assert calls.into_c == 1  # .sum(); ``*`` is a slot, not a call
+    with PythonCalls() as calls:
+        torch.sigmoid(t).sum()
+    assert not calls.functions and calls.into_c == 2
+
+
 def test_count_step_counts_the_backward_apart_from_the_forward():
     w = torch.randn(5, 3, requires_grad=True)
     x = torch.randn(2, 5)
@@ -68,23 +83,28 @@ def test_an_mtsa_training_step_synchronises_the_host_only_on_its_own(padded):
     assert counts["forward"]["syncs"] == counts["backward"]["syncs"] == 0
 
 
-@pytest.mark.parametrize("padding,stock,mtsa", [("padded", 57, 63), ("unpadded", 54, 63)])
-def test_an_encoder_layer_dispatches_at_most_1_3_times_fairseqs_operators(padding, stock, mtsa):
+@pytest.mark.parametrize("padding,stock,mtsa,calls", [
+    ("padded", 57, 63, {"transformer": (88, 18), "mtsa": (97, 18)}),
+    ("unpadded", 54, 63, {"transformer": (80, 18), "mtsa": (96, 18)}),
+])
+def test_an_encoder_layer_dispatches_at_most_1_3_times_fairseqs_operators(padding, stock, mtsa, calls):
     """The default options (exp token2token, scaled sigmoid source2token, ``--mtsa-kernel auto``) as the benchmark
     counts them: a later layer of an encoder pass (the key mask built once per pass), forward and backward. Exact
-    counts, so that an added operator fails here."""
+    counts, so that an added operator or Python call (forward, backward) fails here."""
     args = argparse.Namespace(dim=C, heads=H, batch=B, length=L, device="cpu", dtype="float32")
-    totals = {}
+    totals, python = {}, {}
     for name in ("transformer", "mtsa"):
         layer = launches.build_layer(name, 0.0, "scaled_sigmoid", args)
         inputs = launches._step_input("layer", padding, args)
         forward = launches._forward("layer", layer, inputs)
         forward()
-        counts = count_step(forward)
+        counts = count_step(forward, python_calls=True)
         assert counts["forward"]["syncs"] == counts["backward"]["syncs"] == 0
         totals[name] = counts["forward"]["operators"] + counts["backward"]["operators"]
+        python[name] = counts["forward"]["python_calls"], counts["backward"]["python_calls"]
     assert totals == {"transformer": stock, "mtsa": mtsa}
     assert totals["mtsa"] <= 1.3 * totals["transformer"] or padding == "unpadded"
+    assert python == calls
 
 
 def test_the_commands_source2token_forms_are_the_modules():
@@ -128,10 +148,12 @@ def test_the_core_forward_operator_by_operator():
 def test_tiny_benchmark_writes_every_level_layer_and_padding(tmp_path):
     out_json, out_md = tmp_path / "launches.json", tmp_path / "launches.md"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--batch", "2", "--length", "6", "--dim", "16", "--heads", "2",
-                           "--layers-per-stack", "2", "--rounds", "1", "--json", str(out_json), "--markdown",
-                           str(out_md)], capture_output=True, text=True, timeout=600)
+                           "--layers-per-stack", "2", "--rounds", "1", "--processes", "2", "--json", str(out_json),
+                           "--markdown", str(out_md)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out_json.read_text())["rows"]
+    assert all(len(r["ms_per_process"]) == 2 and r["ms"] == sum(r["ms_per_process"]) / 2 for r in rows)
+    assert all(r["forward"]["python_calls"] > 0 for r in rows)
     assert [(r["level"], r["layer"], r["dropout"], r["padding"]) for r in rows] == [
         (level, layer, dropout, padding) for level in ("layer", "model") for layer in ("transformer", "mtsa")
         for dropout in (0.0, 0.1) for padding in ("padded", "unpadded")]
@@ -142,6 +164,9 @@ def test_tiny_benchmark_writes_every_level_layer_and_padding(tmp_path):
     text = out_md.read_text()
     assert "| level | layer | source2token | attention dropout | padding | operators, forward | backward |" in text
     assert text.startswith("torch ") and "batch 2, length 6, d_model 16, 2 heads, models of 2 + 2 layers" in text
+    assert "steps taken in turns in each of 2 processes" in text
+    first = next(line for line in text.splitlines() if line.startswith("| layer | transformer |"))
+    assert first.endswith("| 1.000 (1.000-1.000) |")  # the reference's ratio to itself, in every process
 
 
 def test_usage_errors():

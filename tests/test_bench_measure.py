@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from mtsa_fairseq.experiments.bench.measure import (
     emit,
     peak_growth_mb,
     run_isolated,
+    timed_rounds,
 )
 
 
@@ -25,6 +27,17 @@ def child(tmp_path, body: str):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(body))
     return script
+
+
+def test_timed_rounds_draw_an_order_per_round_in_which_every_step_follows_every_other():
+    calls = []
+    seconds = timed_rounds({name: lambda r, name=name: calls.append((name, r)) for name in "abc"}, 300, "cpu")
+    assert {name: len(values) for name, values in seconds.items()} == {"a": 300, "b": 300, "c": 300}
+    assert [r for _, r in calls] == sorted(r for _, r in calls)  # round by round, warm-up round 0 first
+    assert sorted(calls[:3]) == [("a", 0), ("b", 0), ("c", 0)]
+    pairs = Counter((before, after) for (before, _), (after, _) in zip(calls, calls[1:]))
+    assert not any(before == after for before, after in pairs)  # never a step twice in a row
+    assert len(pairs) == 6 and min(pairs.values()) > 100  # each follows each other one ~150 times of 902
 
 
 def test_emit_prints_one_json_line(capsys):

@@ -222,10 +222,10 @@ def _dense_is_faster(q: Tensor, k_len: int) -> bool:
     """Whether ``"auto"`` gives exp ``"dense"``: on CPU tensors in float32 or float64 with keys up to 256 and
     at least 2**16 scores, where one softmax and one product over the joined values took 0.68-0.86x the time of
     the two flash SDPA calls (docs/kernel.md, "Which kernel runs when"); eager only."""
-    if not q.is_cpu or q.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling():
+    if not q.is_cpu or q.dtype not in (torch.float32, torch.float64):
         return False
     batch, heads, q_len, _ = q.shape
-    return k_len <= 256 and batch * heads * q_len * k_len >= 1 << 16
+    return k_len <= 256 and batch * heads * q_len * k_len >= 1 << 16 and not torch.compiler.is_compiling()
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, s2t: Tensor, key_padding_mask: Tensor | None) -> None:
@@ -631,7 +631,7 @@ def _sdpa_ratio(q: Tensor, k: Tensor, num_values: Tensor, den_values: Tensor, bi
 def _ratio(num: Tensor, den: Tensor, has_key: Tensor | None, lean: bool) -> Tensor:
     """``N / Z`` times ``has_key``; ``lean``: unguarded, exact where every ``Z`` is at least sqrt(tiny), in aten's
     division, whose backward keeps ``N`` and ``Z`` (which the SDPA calls keep anyway) and runs no Python."""
-    if torch.jit.is_scripting() or not lean:
+    if not lean:  # (TorchScript's callers never ask for the lean ratio)
         out = _guarded_ratio(num, den)
         return out if has_key is None else out * has_key
     out = num / den

@@ -64,8 +64,8 @@ class PerHeadLinear(nn.Module):
         batch, heads, length, d_in = x.shape
         # [H, L*B, d_in] is a view of a head-split [L, B, H*d] projection, so autograd keeps no copy of x
         rows = x.permute(1, 2, 0, 3).reshape(heads, length * batch, d_in)
-        y = torch.bmm(rows, self.weight) if self.bias is None else torch.baddbmm(self.bias[:, None, :], rows,
-                                                                                   self.weight)
+        weight, bias = self.weight, self.bias  # each parameter read is a Python call
+        y = torch.bmm(rows, weight) if bias is None else torch.baddbmm(bias[:, None, :], rows, weight)
         y = y if scale == 1.0 else y.mul_(scale)  # one kernel each way; baddbmm's alpha and beta cost three backward
         return y.view(heads, length, batch, -1).permute(2, 0, 1, 3)  # [B, H, L, d_out] stored head-major
 

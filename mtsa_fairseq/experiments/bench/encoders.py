@@ -66,7 +66,7 @@ def memory_mb(name: str, length: int, args: argparse.Namespace) -> float | str:
 
 
 def times_ms(models: dict, length: int, args: argparse.Namespace, warmup: bool) -> dict[str, float]:
-    """Median forward+backward time per encoder, the encoders alternating (ABBA order) pass by pass."""
+    """Median forward+backward time per encoder, the encoders taking turns pass by pass."""
     x = _inputs(args.batch, length, args.dim, args.device)
     steps = {name: lambda _, model=model: _pass(model, x) for name, model in models.items()}
     return measure.median_ms(measure.timed_rounds(steps, args.repeats, args.device, warmup=warmup))

@@ -1,21 +1,27 @@
 """What one training step of a layer asks of the host: the aten operators it dispatches (counted below autograd,
-views and allocations left out), the host synchronisations among them, and on CUDA the kernel launches and
-synchronisations torch.profiler records (docs/benchmark-launches.md, Method). :func:`measure` counts and times the
-layers of ``mtsa-bench-launches`` side by side, :func:`table` renders them, :func:`run` is the command."""
+views and allocations left out), the host synchronisations among them, the Python calls it makes, and on CUDA the
+kernel launches and synchronisations torch.profiler records (docs/benchmark-launches.md, Method). :func:`measure`
+counts and times the layers of ``mtsa-bench-launches`` side by side, :func:`table` renders them, :func:`run` is the
+command."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import math
+import statistics
+import sys
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import scipy.stats
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mtsa_fairseq.experiments.bench.measure import device_name, markdown_table, median_ms, timed_rounds
+from mtsa_fairseq.experiments.bench.measure import device_name, emit, isolated, markdown_table, median_ms, timed_rounds
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 
 # besides views (``is_view``), the operators that only alias or allocate memory: no kernel runs (fills do run one)
@@ -47,20 +53,61 @@ class OperatorCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_step(forward: Callable[[], Tensor]) -> dict[str, dict[str, Any]]:
+# the frames PythonCalls leaves out: this module (the harness's step closures) and entering an encoder's shared pass
+# (contextlib and shared_pass: every step of a layer row enters it, a model once per encoder pass)
+HARNESS = frozenset({__name__, "contextlib", "mtsa_fairseq.modules.mtsa_attention.shared_pass"})
+
+
+class PythonCalls:
+    """Within ``with PythonCalls() as calls:``, ``calls.functions`` counts the Python functions called on this thread
+    by qualified name, and ``calls.into_c`` the calls from Python into C functions and methods (every torch function
+    or tensor method called from Python is one), both outside ``HARNESS``. Autograd's own threads (the CUDA
+    backward's) are not seen."""
+
+    def __init__(self) -> None:
+        self.functions: Counter[str] = Counter()
+        self.into_c = 0
+
+    def __enter__(self) -> PythonCalls:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._event)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self._previous)
+
+    def _event(self, frame, event: str, arg: object) -> None:
+        module = frame.f_globals.get("__name__")
+        name = f"{module}.{frame.f_code.co_qualname}"
+        if module in HARNESS or name in HARNESS:
+            return
+        if event == "call":
+            self.functions[name] += 1
+        elif event == "c_call":
+            self.into_c += 1
+
+
+def count_step(forward: Callable[[], Tensor], python_calls: bool = False) -> dict[str, dict[str, Any]]:
     """The operators and synchronisations of ``forward()`` and of the backward from ones (no loss adds operators):
-    ``{"forward": {"operators": n, "syncs": n, "by_name": {...}, "syncs_by_name": {...}}, "backward": {...}}``."""
-    phases = {}
-    with OperatorCount() as count:
-        out = forward()
-    phases["forward"] = count
-    grad = torch.ones_like(out)
-    with OperatorCount() as count:
-        out.backward(grad)
-    phases["backward"] = count
-    return {phase: {"operators": sum(c.operators.values()), "syncs": sum(c.syncs.values()),
-                    "by_name": dict(sorted(c.operators.items())), "syncs_by_name": dict(sorted(c.syncs.items()))}
-            for phase, c in phases.items()}
+    ``{"forward": {"operators": n, "syncs": n, "by_name": {...}, "syncs_by_name": {...}}, "backward": {...}}``;
+    ``python_calls``: also ``"python_calls"``, ``"calls_into_c"`` and ``"python_by_name"``, counted in a second
+    step, so that neither counter counts the other."""
+    phases: dict[str, dict[str, Any]] = {}
+    for counter in (OperatorCount, PythonCalls) if python_calls else (OperatorCount,):
+        with counter() as forward_count:
+            out = forward()
+        grad = torch.ones_like(out)
+        with counter() as backward_count:
+            out.backward(grad)
+        for phase, c in (("forward", forward_count), ("backward", backward_count)):
+            if isinstance(c, OperatorCount):
+                phases[phase] = {"operators": sum(c.operators.values()), "syncs": sum(c.syncs.values()),
+                                 "by_name": dict(sorted(c.operators.items())),
+                                 "syncs_by_name": dict(sorted(c.syncs.items()))}
+            else:
+                phases[phase] |= {"python_calls": sum(c.functions.values()), "calls_into_c": c.into_c,
+                                  "python_by_name": dict(sorted(c.functions.items()))}
+    return phases
 
 
 def profile_cuda_step(step: Callable[[], None]) -> dict[str, int]:
@@ -182,7 +229,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             inputs[0].grad = None
             module.zero_grad(set_to_none=True)
             row = {"level": level, "layer": name, "s2t_activation": s2t, "dropout": dropout, "padding": padding,
-                   **count_step(forward)}
+                   **count_step(forward, python_calls=True)}
             if cuda:
                 row["cuda"] = profile_cuda_step(step)
             rows.append(row)
@@ -199,9 +246,10 @@ def _cell(row: dict) -> str:
 
 def table(rows: list[dict], cuda: bool) -> str:
     """The Markdown table of ``rows``, operators and time also as ratios to the first layer's at the same level,
-    dropout and padding."""
+    dropout and padding (over several processes: their median time, the mean ratio and its 95% interval); Python
+    calls are the Python functions called, forward and backward."""
     header = ["level", "layer", "source2token", "attention dropout", "padding", "operators, forward", "backward",
-              "total", "operators / " + rows[0]["layer"], "host syncs"]
+              "total", "operators / " + rows[0]["layer"], "host syncs", "Python calls"]
     header += ["CUDA launches", "CUDA syncs"] if cuda else []
     header += ["ms per step", f"time / {rows[0]['layer']}"]
     first = {(row["level"], row["dropout"], row["padding"]): row for row in rows if row["layer"] == rows[0]["layer"]}
@@ -212,9 +260,10 @@ def table(rows: list[dict], cuda: bool) -> str:
         cells = [row["level"], row["layer"], row["s2t_activation"], str(row["dropout"]), row["padding"], str(forward),
                  str(backward), str(forward + backward),
                  f"{(forward + backward) / (ref['forward']['operators'] + ref['backward']['operators']):.3f}",
-                 str(row["forward"]["syncs"] + row["backward"]["syncs"])]
+                 str(row["forward"]["syncs"] + row["backward"]["syncs"]),
+                 str(row["forward"]["python_calls"] + row["backward"]["python_calls"])]
         cells += [str(row["cuda"]["launches"]), str(row["cuda"]["syncs"])] if cuda else []
-        cells += [f"{row['ms']:.2f}", f"{row['ms'] / ref['ms']:.3f}"]
+        cells += [f"{row['ms']:.2f}", _time_ratio(row, ref)]
         lines.append(cells)
     return markdown_table(header, lines)
 
@@ -224,18 +273,54 @@ def launches_table(report: dict, names: dict[str, str] | None = None) -> list[st
     return table(report["rows"], report["settings"]["device"].startswith("cuda")).split("\n")
 
 
-def run(args: argparse.Namespace) -> None:
-    """``mtsa-bench-launches``: measure, write ``--json`` and ``--markdown``, print the table with its settings."""
+SETTINGS = ("layers", "levels", "paddings", "batch", "length", "dim", "heads", "layers_per_stack", "s2t_activations",
+            "dropouts", "rounds", "threads", "device", "dtype")
+
+
+def _times_elsewhere(args: argparse.Namespace, script: Path, rows: list[dict]) -> None:
+    """Time the rows again in ``args.processes - 1`` fresh processes (``script --times-only``), one after another:
+    each row's ``ms_per_process`` (this process's first), its ``ms`` their median."""
+    options = []
+    for name in SETTINGS:
+        value = getattr(args, name)
+        if value is not None:
+            options += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+    times = [[row["ms"] for row in rows]]
+    for process in range(2, args.processes + 1):
+        times.append(isolated(script, [*options, "--times-only"], f"process {process}"))
+        print(f"[process {process}/{args.processes}] timed", flush=True)
+    for row, per_process in zip(rows, zip(*times)):
+        row["ms_per_process"] = list(per_process)
+        row["ms"] = statistics.median(per_process)
+
+
+def _time_ratio(row: dict, ref: dict) -> str:
+    """``row``'s time over ``ref``'s; over several processes the mean of the processes' ratios, its 95% interval."""
+    if "ms_per_process" not in row:
+        return f"{row['ms'] / ref['ms']:.3f}"
+    ratios = [a / b for a, b in zip(row["ms_per_process"], ref["ms_per_process"])]
+    mean = statistics.fmean(ratios)
+    half = scipy.stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return f"{mean:.3f} ({mean - half:.3f}-{mean + half:.3f})"
+
+
+def run(args: argparse.Namespace, script: Path) -> None:
+    """``mtsa-bench-launches``: measure (``--processes``: time in more processes through ``script``), write
+    ``--json`` and ``--markdown``, print the table with its settings; ``--times-only``: print the times as JSON."""
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = measure(args)
-    settings = {name: getattr(args, name) for name in ("levels", "paddings", "batch", "length", "dim", "heads",
-                                                      "layers_per_stack", "s2t_activations", "dropouts", "rounds",
-                                                      "threads", "device", "dtype")}
+    if args.times_only:
+        emit([row["ms"] for row in rows])
+        return
+    if args.processes > 1:
+        _times_elsewhere(args, script, rows)
+    settings = {name: getattr(args, name) for name in (*SETTINGS, "processes") if name != "layers"}
+    processes = f" in each of {args.processes} processes" if args.processes > 1 else ""
     meta = (f"torch {torch.__version__}, {device_name(args.device)}, {args.dtype}, batch {args.batch}, length "
             f"{args.length}, d_model {args.dim}, {args.heads} heads, models of {args.layers_per_stack} + "
             f"{args.layers_per_stack} layers, training step (forward + backward), time the median of {args.rounds} "
-            "steps taken in turns")
+            f"steps taken in turns{processes}")
     text = table(rows, args.device.startswith("cuda"))
     if args.json:
         write_json(args.json, {"torch": torch.__version__, "device": device_name(args.device), "settings": settings,

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -153,11 +154,19 @@ def synchronize(device: str) -> None:
 def timed_rounds(steps: dict[str, Callable[[int], None]], rounds: int, device: str,
                  warmup: bool = True) -> dict[str, list[float]]:
     """Seconds of ``steps[name](r)`` for rounds ``r = 1 .. rounds`` after a warm-up round 0 (unless ``warmup=False``),
-    the steps taking turns within each round, in reversed order every other round (ABBA): the same machine load."""
+    the steps taking turns within each round: the same machine load. The order is drawn anew every round (seeded),
+    never one step twice in a row, so that each step follows every other about equally often: a step that follows
+    itself finds its memory still cached, and one that always follows the same other step pays for that step's."""
     names = list(steps)
+    draw = random.Random(0)
     seconds: dict[str, list[float]] = {name: [] for name in names}
+    last = None
     for r in range(0 if warmup else 1, rounds + 1):
-        for name in names if r % 2 == 0 else names[::-1]:
+        turn = draw.sample(names, len(names))
+        if turn[0] == last:
+            turn.append(turn.pop(0))
+        last = turn[-1]
+        for name in turn:
             synchronize(device)
             start = time.perf_counter()
             steps[name](r)

@@ -75,7 +75,7 @@ def peak_memory_mb(name: str, length: int, args: argparse.Namespace) -> float:
 
 
 def encoder_times_ms(models: dict, length: int, args: argparse.Namespace) -> dict[str, float]:
-    """Median forward+backward time per model, the models alternating (ABBA order) pass by pass."""
+    """Median forward+backward time per model, the models taking turns pass by pass."""
     tokens, lengths = _source_batch(args.batch, length, args.vocab, args.device, 1)
     steps = {name: lambda _, model=model: _encoder_pass(model, tokens, lengths) for name, (model, _) in models.items()}
     return measure.median_ms(measure.timed_rounds(steps, args.repeats, args.device))

@@ -8,7 +8,8 @@ of ``--length`` tokens of width ``--dim``, with one left-padded sequence and wit
 ``--layers``: ``transformer`` (fairseq's); ``mtsa`` (``--mtsa-kernel auto``, one row per ``--s2t-activations``
 form); ``mtsa-sdpa-joint``, ``mtsa-dense``, ``mtsa-triton``, the kernel fixed (``sdpa-joint`` at dropout 0 only,
 ``triton`` CUDA). A step (forward, then backward from ones) is counted after warm-up steps; time: the median of
-``--rounds`` steps, all rows taking turns in each round (ABBA), in this one process.
+``--rounds`` steps, all rows taking turns in each round, in this process and, with ``--processes N``, in N - 1
+fresh ones after it: the time ratios are then the mean over the processes with its 95% interval.
 
   mtsa-bench-launches --threads 1 --json launches.json --markdown launches.md
   mtsa-bench-launches --device cuda --dtype float16 --batch 128 --length 32 --dim 512 --heads 8 \\
@@ -47,12 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dropouts", type=float, nargs="+", default=[0.0, 0.1],
                         help="attention dropouts (fairseq's --attention-dropout)")
     parser.add_argument("--rounds", type=int, default=100, help="timed steps per layer (the median is reported)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="time the rows in this many processes, one after another, and give each time ratio as "
+                             "its mean over them with a 95%% interval: on a CPU a ratio moves more from process to "
+                             "process than from round to round")
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="parameter and activation dtype")
     parser.add_argument("--json", type=Path, help="write the counts (also per operator) and times here")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table (with a line of settings) here")
+    parser.add_argument("--times-only", action="store_true", help=argparse.SUPPRESS)  # internal: one more process
     return parser
 
 
@@ -69,7 +75,7 @@ def _main() -> None:
     measure.check_triton(parser, args.layers, args.device)
     from mtsa_fairseq.experiments.bench import launches
 
-    launches.run(args)
+    launches.run(args, Path(__file__))
 
 
 def main() -> None:

@@ -147,16 +147,16 @@ class MTSAMultiheadAttention(MultiheadAttention):
         shape = (length, batch, self.num_heads, self.head_dim)
         if torch.jit.is_scripting():
             q, k, v = self.q_proj(query).view(shape), self.k_proj(query).view(shape), self.v_proj(query).view(shape)
-            return q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
-        q_proj, k_proj, v_proj = self.q_proj, self.k_proj, self.v_proj  # each attribute read is a Python call
-        if not torch.is_grad_enabled() or _hooked(q_proj, k_proj, v_proj):
-            q, k, v = q_proj(query).view(shape), k_proj(query).view(shape), v_proj(query).view(shape)
         else:
-            weight = torch.cat([q_proj.weight, k_proj.weight, v_proj.weight])
-            q_bias = q_proj.bias
-            bias = None if q_bias is None else torch.cat([q_bias, k_proj.bias, v_proj.bias])
-            # heads split on dim 2: the gradients' stack is then [L, B, 3, H, d], contiguous as the product's
-            q, k, v = F.linear(query, weight, bias).view(length, batch, 3, *shape[2:]).unbind(2)
+            q_proj, k_proj, v_proj = self.q_proj, self.k_proj, self.v_proj  # each attribute read is a Python call
+            if not torch.is_grad_enabled() or _hooked(q_proj, k_proj, v_proj):
+                q, k, v = q_proj(query).view(shape), k_proj(query).view(shape), v_proj(query).view(shape)
+            else:
+                weight = torch.cat([q_proj.weight, k_proj.weight, v_proj.weight])
+                q_bias = q_proj.bias
+                bias = None if q_bias is None else torch.cat([q_bias, k_proj.bias, v_proj.bias])
+                # heads split on dim 2: the gradients' stack is then [L, B, 3, H, d], contiguous as the product's
+                q, k, v = F.linear(query, weight, bias).view(length, batch, 3, *shape[2:]).unbind(2)
         return q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
 
     def _extend_cache(self, incremental_state: dict[str, dict[str, Tensor | None]], k: Tensor, v: Tensor, s2t: Tensor,

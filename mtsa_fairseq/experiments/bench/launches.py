@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import statistics
 import sys
 from collections import Counter
@@ -87,26 +86,28 @@ class PythonCalls:
             self.into_c += 1
 
 
+def _phases(counter: type, forward: Callable[[], Tensor]) -> dict[str, Any]:
+    """``counter()``'s counts of ``forward()`` and of the backward from ones, as ``{"forward": c, "backward": c}``."""
+    with counter() as forward_count:
+        out = forward()
+    grad = torch.ones_like(out)
+    with counter() as backward_count:
+        out.backward(grad)
+    return {"forward": forward_count, "backward": backward_count}
+
+
 def count_step(forward: Callable[[], Tensor], python_calls: bool = False) -> dict[str, dict[str, Any]]:
     """The operators and synchronisations of ``forward()`` and of the backward from ones (no loss adds operators):
     ``{"forward": {"operators": n, "syncs": n, "by_name": {...}, "syncs_by_name": {...}}, "backward": {...}}``;
     ``python_calls``: also ``"python_calls"``, ``"calls_into_c"`` and ``"python_by_name"``, counted in a second
     step, so that neither counter counts the other."""
-    phases: dict[str, dict[str, Any]] = {}
-    for counter in (OperatorCount, PythonCalls) if python_calls else (OperatorCount,):
-        with counter() as forward_count:
-            out = forward()
-        grad = torch.ones_like(out)
-        with counter() as backward_count:
-            out.backward(grad)
-        for phase, c in (("forward", forward_count), ("backward", backward_count)):
-            if isinstance(c, OperatorCount):
-                phases[phase] = {"operators": sum(c.operators.values()), "syncs": sum(c.syncs.values()),
-                                 "by_name": dict(sorted(c.operators.items())),
-                                 "syncs_by_name": dict(sorted(c.syncs.items()))}
-            else:
-                phases[phase] |= {"python_calls": sum(c.functions.values()), "calls_into_c": c.into_c,
-                                  "python_by_name": dict(sorted(c.functions.items()))}
+    phases = {phase: {"operators": sum(c.operators.values()), "syncs": sum(c.syncs.values()),
+                      "by_name": dict(sorted(c.operators.items())), "syncs_by_name": dict(sorted(c.syncs.items()))}
+              for phase, c in _phases(OperatorCount, forward).items()}
+    if python_calls:
+        for phase, c in _phases(PythonCalls, forward).items():
+            phases[phase] |= {"python_calls": sum(c.functions.values()), "calls_into_c": c.into_c,
+                              "python_by_name": dict(sorted(c.functions.items()))}
     return phases
 
 
@@ -300,7 +301,7 @@ def _time_ratio(row: dict, ref: dict) -> str:
         return f"{row['ms'] / ref['ms']:.3f}"
     ratios = [a / b for a, b in zip(row["ms_per_process"], ref["ms_per_process"])]
     mean = statistics.fmean(ratios)
-    half = scipy.stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    half = scipy.stats.t.ppf(0.975, len(ratios) - 1) * scipy.stats.sem(ratios)
     return f"{mean:.3f} ({mean - half:.3f}-{mean + half:.3f})"
 
 

@@ -151,7 +151,12 @@ def test_tiny_benchmark_writes_every_level_layer_and_padding(tmp_path):
                            "--layers-per-stack", "2", "--rounds", "1", "--processes", "2", "--json", str(out_json),
                            "--markdown", str(out_md)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out_json.read_text())["rows"]
+    report = json.loads(out_json.read_text())
+    assert report["settings"] == {"levels": ["layer", "model"], "s2t_activations": ["scaled_sigmoid"],
+                                  "paddings": ["padded", "unpadded"], "layers_per_stack": 2, "batch": 2, "length": 6,
+                                  "dim": 16, "heads": 2, "dropouts": [0.0, 0.1], "rounds": 1, "processes": 2,
+                                  "threads": None, "device": "cpu", "dtype": "float32"}
+    rows = report["rows"]
     assert all(len(r["ms_per_process"]) == 2 and r["ms"] == sum(r["ms_per_process"]) / 2 for r in rows)
     assert all(r["forward"]["python_calls"] > 0 for r in rows)
     assert [(r["level"], r["layer"], r["dropout"], r["padding"]) for r in rows] == [

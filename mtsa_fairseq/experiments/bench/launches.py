@@ -274,25 +274,19 @@ def launches_table(report: dict, names: dict[str, str] | None = None) -> list[st
     return table(report["rows"], report["settings"]["device"].startswith("cuda")).split("\n")
 
 
-SETTINGS = ("layers", "levels", "paddings", "batch", "length", "dim", "heads", "layers_per_stack", "s2t_activations",
-            "dropouts", "rounds", "threads", "device", "dtype")
-
-
-def _times_elsewhere(args: argparse.Namespace, script: Path, rows: list[dict]) -> None:
-    """Time the rows again in ``args.processes - 1`` fresh processes (``script --times-only``), one after another:
-    each row's ``ms_per_process`` (this process's first), its ``ms`` their median."""
-    options = []
-    for name in SETTINGS:
-        value = getattr(args, name)
-        if value is not None:
-            options += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
-    times = [[row["ms"] for row in rows]]
+def _times_elsewhere(args: argparse.Namespace, script: Path, argv: list[str], rows: list[dict]) -> None:
+    """Time the rows again in ``args.processes - 1`` fresh processes (``script`` with this process's ``argv`` and
+    ``--times-only``), one after another: each row's ``ms_per_process`` (this process's first), its ``ms`` their
+    median. Each process counts before it times, as this one did, so that all time under the same conditions."""
+    times = [{_cell(row): row["ms"] for row in rows}]
     for process in range(2, args.processes + 1):
-        times.append(isolated(script, [*options, "--times-only"], f"process {process}"))
+        times.append(isolated(script, [*argv, "--times-only"], f"process {process}"))
+        if times[-1].keys() != times[0].keys():
+            raise RuntimeError(f"process {process} timed other rows than the first: {sorted(times[-1])}")
         print(f"[process {process}/{args.processes}] timed", flush=True)
-    for row, per_process in zip(rows, zip(*times)):
-        row["ms_per_process"] = list(per_process)
-        row["ms"] = statistics.median(per_process)
+    for row in rows:
+        row["ms_per_process"] = [per_process[_cell(row)] for per_process in times]
+        row["ms"] = statistics.median(row["ms_per_process"])
 
 
 def _time_ratio(row: dict, ref: dict) -> str:
@@ -305,18 +299,20 @@ def _time_ratio(row: dict, ref: dict) -> str:
     return f"{mean:.3f} ({mean - half:.3f}-{mean + half:.3f})"
 
 
-def run(args: argparse.Namespace, script: Path) -> None:
-    """``mtsa-bench-launches``: measure (``--processes``: time in more processes through ``script``), write
-    ``--json`` and ``--markdown``, print the table with its settings; ``--times-only``: print the times as JSON."""
+def run(args: argparse.Namespace, script: Path, argv: list[str]) -> None:
+    """``mtsa-bench-launches`` with ``args`` parsed from ``argv``: measure (``--processes``: time in more processes
+    through ``script``), write ``--json`` and ``--markdown``, print the table with its settings; ``--times-only``:
+    print the times as JSON and write nothing."""
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = measure(args)
     if args.times_only:
-        emit([row["ms"] for row in rows])
+        emit({_cell(row): row["ms"] for row in rows})
         return
     if args.processes > 1:
-        _times_elsewhere(args, script, rows)
-    settings = {name: getattr(args, name) for name in (*SETTINGS, "processes") if name != "layers"}
+        _times_elsewhere(args, script, argv, rows)
+    settings = {name: value for name, value in vars(args).items()
+                if name not in ("layers", "json", "markdown", "times_only")}
     processes = f" in each of {args.processes} processes" if args.processes > 1 else ""
     meta = (f"torch {torch.__version__}, {device_name(args.device)}, {args.dtype}, batch {args.batch}, length "
             f"{args.length}, d_model {args.dim}, {args.heads} heads, models of {args.layers_per_stack} + "

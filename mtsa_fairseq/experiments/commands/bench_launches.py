@@ -19,6 +19,7 @@ fresh ones after it: the time ratios are then the mean over the processes with i
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from mtsa_fairseq.experiments.bench import measure
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main() -> None:
     parser = build_parser()
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    args = parser.parse_args(argv)
     measure.check_positive(parser, args)
     if not all(0.0 <= p < 1.0 for p in args.dropouts):
         parser.error("--dropouts must be in [0, 1)")
@@ -75,7 +77,7 @@ def _main() -> None:
     measure.check_triton(parser, args.layers, args.device)
     from mtsa_fairseq.experiments.bench import launches
 
-    launches.run(args, Path(__file__))
+    launches.run(args, Path(__file__), argv)
 
 
 def main() -> None:

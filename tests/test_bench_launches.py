@@ -96,15 +96,38 @@ def test_an_encoder_layer_dispatches_at_most_1_3_times_fairseqs_operators(paddin
     for name in ("transformer", "mtsa"):
         layer = launches.build_layer(name, 0.0, "scaled_sigmoid", args)
         inputs = launches._step_input("layer", padding, args)
-        forward = launches._forward("layer", layer, inputs)
-        forward()
-        counts = count_step(forward, python_calls=True)
+        forward, context = launches._forward("layer", layer, inputs)
+        with context():
+            forward()
+        counts = count_step(forward, python_calls=True, context=context)
         assert counts["forward"]["syncs"] == counts["backward"]["syncs"] == 0
         totals[name] = counts["forward"]["operators"] + counts["backward"]["operators"]
         python[name] = counts["forward"]["python_calls"], counts["backward"]["python_calls"]
     assert totals == {"transformer": stock, "mtsa": mtsa}
     assert totals["mtsa"] <= 1.3 * totals["transformer"] or padding == "unpadded"
     assert python == calls
+
+
+@pytest.mark.parametrize("padding,calls", [("padded", {"transformer": 561, "mtsa": 602}),
+                                           ("unpadded", {"transformer": 529, "mtsa": 581})])
+def test_a_models_python_calls_include_its_shared_passes(padding, calls):
+    """Python calls of a 2 + 2-layer model's step, forward and backward, exactly: the MTSA model's include entering
+    and leaving its encoder's and decoder's shared passes (three calls each), which the harness of a layer row
+    enters outside the count."""
+    args = argparse.Namespace(dim=64, heads=4, batch=2, length=16, device="cpu", dtype="float32", layers_per_stack=2)
+    counted = {}
+    for name in ("transformer", "mtsa"):
+        model = launches.build_model(name, 0.0, "scaled_sigmoid", args)
+        forward, context = launches._forward("model", model, launches._step_input("model", padding, args))
+        forward()
+        counts = count_step(forward, python_calls=True, context=context)
+        counted[name] = counts["forward"]["python_calls"] + counts["backward"]["python_calls"]
+        by_name = counts["forward"]["python_by_name"]
+        passes = {k: v for k, v in by_name.items() if k.startswith("mtsa_fairseq.modules.mtsa_attention.shared_pass")}
+        assert passes == ({} if name == "transformer" else {
+            f"mtsa_fairseq.modules.mtsa_attention.shared_pass.{method}": 2
+            for method in ("__init__", "__enter__", "__exit__")})
+    assert counted == calls
 
 
 def test_the_commands_source2token_forms_are_the_modules():

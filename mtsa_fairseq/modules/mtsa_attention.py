@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
@@ -24,15 +22,20 @@ S2T_ACTIVATIONS = ("scaled_sigmoid", "sigmoid", "exp", "scaled_exp")
 _SHARED: ContextVar[SharedPass | None] = ContextVar("mtsa_shared_pass", default=None)
 
 
-@contextmanager
-def shared_pass(shared: SharedPass) -> Iterator[SharedPass]:
-    """Within it, the MTSA layers called (outside TorchScript and torch.compile) share ``shared``: mtsa_core's
-    ``shared``, whose ``first_underflowed()`` the caller must act on."""
-    token = _SHARED.set(shared)
-    try:
-        yield shared
-    finally:
-        _SHARED.reset(token)
+class shared_pass:  # lower case: called like a function, as contextlib.nullcontext
+    """``with shared_pass(shared):`` the MTSA layers called within (outside TorchScript and torch.compile) share
+    ``shared``: mtsa_core's ``shared``, whose ``first_underflowed()`` the caller must act on. A class rather than a
+    generator: three Python calls per use instead of six (a model uses it once per encoder and decoder pass)."""
+
+    def __init__(self, shared: SharedPass) -> None:
+        self.shared = shared
+
+    def __enter__(self) -> SharedPass:
+        self._token = _SHARED.set(self.shared)
+        return self.shared
+
+    def __exit__(self, *exc: object) -> None:
+        _SHARED.reset(self._token)
 
 
 class MTSAMultiheadAttention(MultiheadAttention):

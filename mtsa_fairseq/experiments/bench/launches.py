@@ -7,11 +7,13 @@ command."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,8 @@ class OperatorCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-# the frames PythonCalls leaves out: this module (the harness's step closures) and entering an encoder's shared pass
-# (contextlib and shared_pass: every step of a layer row enters it, a model once per encoder pass)
-HARNESS = frozenset({__name__, "contextlib", "mtsa_fairseq.modules.mtsa_attention.shared_pass"})
+# the frames PythonCalls leaves out: this module's (the harness's step closures and counters)
+HARNESS = frozenset({__name__})
 
 
 class PythonCalls:
@@ -86,9 +87,13 @@ class PythonCalls:
             self.into_c += 1
 
 
-def _phases(counter: type, forward: Callable[[], Tensor]) -> dict[str, Any]:
-    """``counter()``'s counts of ``forward()`` and of the backward from ones, as ``{"forward": c, "backward": c}``."""
-    with counter() as forward_count:
+Context = Callable[[], AbstractContextManager]
+
+
+def _phases(counter: type, forward: Callable[[], Tensor], context: Context) -> dict[str, Any]:
+    """``counter()``'s counts of ``forward()`` (run within ``context()``, which the counter does not see) and of the
+    backward from ones, as ``{"forward": c, "backward": c}``."""
+    with context(), counter() as forward_count:
         out = forward()
     grad = torch.ones_like(out)
     with counter() as backward_count:
@@ -96,16 +101,18 @@ def _phases(counter: type, forward: Callable[[], Tensor]) -> dict[str, Any]:
     return {"forward": forward_count, "backward": backward_count}
 
 
-def count_step(forward: Callable[[], Tensor], python_calls: bool = False) -> dict[str, dict[str, Any]]:
-    """The operators and synchronisations of ``forward()`` and of the backward from ones (no loss adds operators):
+def count_step(forward: Callable[[], Tensor], python_calls: bool = False,
+               context: Context = contextlib.nullcontext) -> dict[str, dict[str, Any]]:
+    """The operators and synchronisations of ``forward()`` (within ``context()``, entered and left outside the
+    counts) and of the backward from ones (no loss adds operators):
     ``{"forward": {"operators": n, "syncs": n, "by_name": {...}, "syncs_by_name": {...}}, "backward": {...}}``;
     ``python_calls``: also ``"python_calls"``, ``"calls_into_c"`` and ``"python_by_name"``, counted in a second
     step, so that neither counter counts the other."""
     phases = {phase: {"operators": sum(c.operators.values()), "syncs": sum(c.syncs.values()),
                       "by_name": dict(sorted(c.operators.items())), "syncs_by_name": dict(sorted(c.syncs.items()))}
-              for phase, c in _phases(OperatorCount, forward).items()}
+              for phase, c in _phases(OperatorCount, forward, context).items()}
     if python_calls:
-        for phase, c in _phases(PythonCalls, forward).items():
+        for phase, c in _phases(PythonCalls, forward, context).items():
             phases[phase] |= {"python_calls": sum(c.functions.values()), "calls_into_c": c.into_c,
                               "python_by_name": dict(sorted(c.functions.items()))}
     return phases
@@ -184,11 +191,12 @@ def _step_input(level: str, padding: str, args: argparse.Namespace) -> tuple[Any
     return tokens.to(args.device), lengths.to(args.device), tokens.roll(1, dims=1).to(args.device)
 
 
-def _forward(level: str, module: torch.nn.Module, inputs: tuple[Any, ...]) -> Callable[[], Tensor]:
-    """A layer called as fairseq's encoder calls its second and later layers (an MTSA layer in a shared pass whose
-    key mask an earlier layer built), or the whole model's forward to its logits."""
+def _forward(level: str, module: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[Callable[[], Tensor], Context]:
+    """A layer called as fairseq's encoder calls its second and later layers, or the whole model's forward to its
+    logits; and the context to call it in: for a layer its encoder's shared pass, whose key mask an earlier layer
+    built (an encoder enters it once per pass: the counts leave it out), for a model none."""
     if level == "model":
-        return lambda: module(*inputs)[0]
+        return (lambda: module(*inputs)[0]), contextlib.nullcontext
     from mtsa_fairseq.modules.mtsa_attention import shared_pass
     from mtsa_fairseq.modules.mtsa_core import SharedPass
 
@@ -199,9 +207,8 @@ def _forward(level: str, module: torch.nn.Module, inputs: tuple[Any, ...]) -> Ca
 
     def forward() -> Tensor:
         shared.dens.clear()
-        with shared_pass(shared):
-            return module(x, encoder_padding_mask=pad)
-    return forward
+        return module(x, encoder_padding_mask=pad)
+    return forward, lambda: shared_pass(shared)
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
@@ -217,12 +224,13 @@ def measure(args: argparse.Namespace) -> list[dict]:
         module = (build_layer if level == "layer" else build_model)(name, dropout, s2t, args)
         for padding in args.paddings:
             inputs = _step_input(level, padding, args)
-            forward = _forward(level, module, inputs)
+            forward, context = _forward(level, module, inputs)
 
-            def step(_round: int = 0, forward=forward, inputs=inputs, module=module):
+            def step(_round: int = 0, forward=forward, context=context, inputs=inputs, module=module):
                 inputs[0].grad = None
                 module.zero_grad(set_to_none=True)
-                out = forward()
+                with context():
+                    out = forward()
                 out.backward(torch.ones_like(out))
 
             step()  # warm-up: lazy initialisation, kernel compilation and autotuning stay out of the counts
@@ -230,7 +238,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             inputs[0].grad = None
             module.zero_grad(set_to_none=True)
             row = {"level": level, "layer": name, "s2t_activation": s2t, "dropout": dropout, "padding": padding,
-                   **count_step(forward, python_calls=True)}
+                   **count_step(forward, python_calls=True, context=context)}
             if cuda:
                 row["cuda"] = profile_cuda_step(step)
             rows.append(row)

@@ -15,6 +15,7 @@ from mtsa_fairseq.experiments.sentence import report as sentence_report
 from mtsa_fairseq.experiments.sentence import runs as sentence_runs
 from mtsa_fairseq.experiments.sentence.report import anchor_table, runs_table, summary_table
 from mtsa_fairseq.experiments.significance import detectable_difference, equivalence_test, format_p, t_test
+from mtsa_fairseq.experiments.tables import render
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import (
     study_paired_table,
@@ -34,7 +35,7 @@ DOC = ROOT / "docs" / "results-sentence.md"
     ("results/sentence/sick/CHRONICLE.md", 3), ("docs/benchmark-gpu.md", 4), ("docs/benchmark-launches.md", 1)])
 def test_the_results_tables_equal_their_reports(name, tables):
     doc = ROOT / name
-    text, changed = docs_tables.render(doc)
+    text, changed = render(doc, docs_tables.KINDS)
     assert changed == [], f"run mtsa-docs-tables {doc.relative_to(ROOT)}: {changed}"
     assert text == doc.read_text(encoding="utf-8")
     assert doc.read_text(encoding="utf-8").count("<!-- table ") >= tables
@@ -84,9 +85,12 @@ def test_check_names_a_stale_table_and_a_rewrite_fixes_it(tmp_path, monkeypatch,
     ("<!-- table r.json runs -->\n", "no <!-- /table --> after this table marker"),
     ("<!-- table r.json nonsense -->\n<!-- /table -->\n", "unknown table kind 'nonsense'"),
     ("<!-- table missing.json runs -->\n<!-- /table -->\n", "cannot render runs of"),
-    ("<!-- table r.json runs archs=a -->\n<!-- /table -->\n", "archs= selects the architectures of a folds table"),
-    ("<!-- table r.json anchor label=CNN -->\n<!-- /table -->\n", "an anchor table needs value=NUMBER and label=NAME"),
-    ("<!-- table r.json anchor value=x label=CNN -->\n<!-- /table -->\n", "needs value=NUMBER"),
+    ("<!-- table r.json runs archs=a -->\n<!-- /table -->\n", "archs= is not an option of runs tables"),
+    ("<!-- table r.json anchor label=CNN -->\n<!-- /table -->\n", "anchor tables need value="),
+    ("<!-- table r.json anchor value=x label=CNN -->\n<!-- /table -->\n", "value= must be a number, not 'x'"),
+    ("<!-- table r.json anchor value=1 label=CNN n=3.5 -->\n<!-- /table -->\n",
+     "n= must be a whole number of test items, not '3.5'"),
+    ("<!-- table r.json study margin=wide -->\n<!-- /table -->\n", "margin= must be a number, not 'wide'"),
 ])
 def test_a_broken_marker_is_one_line_naming_the_place(tmp_path, monkeypatch, capsys, marker, message):
     (tmp_path / "r.json").write_text(json.dumps(_report(300)))
@@ -141,7 +145,7 @@ def test_docs_tables_render_an_anchor_of_another_metric(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- table report.json anchor metric=mse value=0.2879 label=DiSAN a=MTSA -->\nstale\n"
                    "<!-- /table -->\n")
-    text, _ = docs_tables.render(doc)
+    text, _ = render(doc, docs_tables.KINDS)
     assert "| p (mean < DiSAN) |" in text and "| MTSA | per seed | 2 | 0.2850 ± 0.0071 | 0.2879 | -0.0029 |" in text
 
 
@@ -351,7 +355,7 @@ def test_docs_tables_render_a_study(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("".join(f"<!-- table study.json {kind} -->\nstale\n<!-- /table -->\n"
                            for kind in ("study", "study-paired", "study-runs")))
-    text, changed = docs_tables.render(doc)
+    text, changed = render(doc, docs_tables.KINDS)
     assert len(changed) == 3 and "stale" not in text
     assert text.count("| test_2016_flickr | average of the last 5 |") == 3
 
@@ -391,7 +395,7 @@ def test_docs_tables_render_another_metric_of_a_summary(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps(sentence_report.summarize(config, results, "a")))
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- table report.json summary metric=mse a=MTSA -->\nstale\n<!-- /table -->\n")
-    text, _ = docs_tables.render(doc)
+    text, _ = render(doc, docs_tables.KINDS)
     assert "| architecture | seeds | mse per seed |" in text and "| MTSA | 2 | 0.2900, 0.2800 |" in text
 
 
@@ -403,3 +407,9 @@ def test_fairseq_train_table_lists_every_run_and_the_ratios_of_the_medians():
     assert fairseq_train_table(result, {"t": "T"})[2:] == [
         "| 8,192 | `T` | 100, 120, 80 | 100 | 1.000 | 1,000 | 1.000 |",
         "| 8,192 | `m --k x` | 90, 70, 95 | 90 | 0.900 | 1,100 | 1.100 |"]
+
+
+def test_help_lists_every_table_kind(monkeypatch, capsys):
+    assert _run(monkeypatch, "--help") == 0
+    listed = capsys.readouterr().out.split("table kinds:\n")[1]
+    assert [line.split()[0] for line in listed.splitlines() if not line.startswith(" " * 17)] == list(docs_tables.KINDS)

@@ -28,7 +28,8 @@ print(json.dumps({"new": sorted({m.split(".")[0] for m in sys.modules} - before)
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "mtsa_fairseq/experiments"
 COMMANDS = sorted(p.stem for p in (EXPERIMENTS / "commands").glob("*.py") if p.stem != "__init__")
 # what both experiment stacks (translation/, sentence/) build on
-SHARED = {"checkpoint_average", "errors", "fairseq_train", "files", "plotting", "processes", "runs", "significance"}
+SHARED = {"checkpoint_average", "errors", "fairseq_train", "files", "plotting", "processes", "runs", "significance",
+          "tables"}
 
 
 def test_user_dir_loads_the_plugin_and_nothing_else():

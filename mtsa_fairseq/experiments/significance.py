@@ -20,6 +20,7 @@ import numpy as np
 
 from mtsa_fairseq.contracts import BLEU_METRICS, RESULT_SCHEMA, read_json, read_lines, record_path
 from mtsa_fairseq.experiments.plotting import pyplot
+from mtsa_fairseq.experiments.tables import markdown_table
 
 TESTS = ("welch", "student")
 BOOTSTRAPS = {"two-sided": "centred, two-sided", "moses": "as sacreBLEU and Moses compute it, one-sided-like"}
@@ -520,10 +521,21 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
     test = TEST_NAMES[comparison.test]
     all_base = [r for g in groups for r in g.baseline]
     all_sys = [r for g in groups for r in g.system]
-
-    def row(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cells) + " |"
-
+    rows = [
+        [base, format_params(all_base), *(f"{g.ttest.mean_baseline:.2f} ± {g.ttest.std_baseline:.2f}" for g in groups)],
+        [sys_, format_params(all_sys), *(f"{g.ttest.mean_system:.2f} ± {g.ttest.std_system:.2f}" for g in groups)],
+        [f"p-value ({test}, one-sided: {sys_} > {base})", "", *(format_p(g.ttest.p_greater) for g in groups)],
+        [f"p-value ({test}, two-sided)", "", *(format_p(g.ttest.p_two_sided) for g in groups)],
+        ["t (degrees of freedom)", "", *(f"{g.ttest.t:.2f} ({g.ttest.df:.1f})" for g in groups)],
+        [f"runs ({base} / {sys_})", "", *(f"{g.ttest.n_baseline} / {g.ttest.n_system}" for g in groups)],
+        [f"detectable difference (Welch, {POWER:.0%} power, two-sided α = {ALPHA})", "",
+         *(f"{g.detectable:.2f}" for g in groups)],
+    ]
+    within = "only an equivalence test (--equivalence-margin) can show a difference within a margin"
+    if comparison.equivalence_margin is not None:
+        rows.append([f"p-value (equivalence within ±{comparison.equivalence_margin:g}, two one-sided Welch t-tests)",
+                     "", *(format_p(g.equivalence.p) for g in groups)])
+        within = "only the equivalence test (p < 0.05) shows a difference within its margin"
     lines = [
         f"## BLEU over training runs: {base} vs {sys_}",
         "",
@@ -532,24 +544,8 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
            f" (the runs' sacreBLEU signature: `{comparison.signature}`)")
         + "; mean ± sample standard deviation over runs.",
         "",
-        row(["Model", "Param#", *(f"{g.label} BLEU" for g in groups)]),
-        row(["---", "---:", *("---:" for _ in groups)]),
-        row([base, format_params(all_base),
-             *(f"{g.ttest.mean_baseline:.2f} ± {g.ttest.std_baseline:.2f}" for g in groups)]),
-        row([sys_, format_params(all_sys), *(f"{g.ttest.mean_system:.2f} ± {g.ttest.std_system:.2f}" for g in groups)]),
-        row([f"p-value ({test}, one-sided: {sys_} > {base})", "", *(format_p(g.ttest.p_greater) for g in groups)]),
-        row([f"p-value ({test}, two-sided)", "", *(format_p(g.ttest.p_two_sided) for g in groups)]),
-        row(["t (degrees of freedom)", "", *(f"{g.ttest.t:.2f} ({g.ttest.df:.1f})" for g in groups)]),
-        row([f"runs ({base} / {sys_})", "", *(f"{g.ttest.n_baseline} / {g.ttest.n_system}" for g in groups)]),
-        row([f"detectable difference (Welch, {POWER:.0%} power, two-sided α = {ALPHA})", "",
-             *(f"{g.detectable:.2f}" for g in groups)]),
-    ]
-    within = "only an equivalence test (--equivalence-margin) can show a difference within a margin"
-    if comparison.equivalence_margin is not None:
-        lines.append(row([f"p-value (equivalence within ±{comparison.equivalence_margin:g}, two one-sided Welch "
-                          "t-tests)", "", *(format_p(g.equivalence.p) for g in groups)]))
-        within = "only the equivalence test (p < 0.05) shows a difference within its margin"
-    lines += [
+        *markdown_table(["Model", "Param#", *(f"{g.label} BLEU" for g in groups)], rows,
+                        align="lr" + "r" * len(groups)),
         "",
         "With few runs per system the t-test has little power: a large p-value is no evidence that the systems "
         f"are equal (Clark et al., 2011); {within}.",
@@ -567,10 +563,11 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
             "",
         ]
         if g.paired:
-            lines += [row(["seed", f"{base} BLEU", f"{sys_} BLEU", bootstrap_column[comparison.bootstrap], "AR p"]),
-                      row(["---:"] * 5)]
-            lines += [row([str(p.seed), f"{p.tests.baseline_bleu:.2f}", f"{p.tests.system_bleu:.2f}",
-                           format_p(getattr(p.tests, bootstrap_field)), format_p(p.tests.p_ar)]) for p in g.paired]
+            lines += markdown_table(
+                ["seed", f"{base} BLEU", f"{sys_} BLEU", bootstrap_column[comparison.bootstrap], "AR p"],
+                ([str(p.seed), f"{p.tests.baseline_bleu:.2f}", f"{p.tests.system_bleu:.2f}",
+                  format_p(getattr(p.tests, bootstrap_field)), format_p(p.tests.p_ar)] for p in g.paired),
+                align="r" * 5)
         else:
             lines.append("No seed was trained in both systems: no paired tests.")
         if g.unmatched_baseline or g.unmatched_system:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_atomic
+from mtsa_fairseq.experiments.tables import markdown_table
 
 METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton", "naive", "mha", "mha-flash")
 CORE_METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton", "mha-flash")
@@ -144,7 +145,7 @@ def table(rows: list[dict], methods: list[str]) -> str:
     base = "mha-flash" if "mha-flash" in methods else "mha"
     ratio_cols = [m for m in methods if m != base] if base in methods else []
     header += [f"{m}/{base} mem" for m in ratio_cols] + [f"{m}/{base} time" for m in ratio_cols]
-    return measure.markdown_table(header, (
+    return "\n".join(markdown_table(header, (
         [str(row["L"])] + [f"{row[m]['peak_mb']:.1f}" for m in methods] + [f"{row[m]['ms']:.1f}" for m in methods]
         + [f"{row[m]['peak_mb'] / max(row[base]['peak_mb'], 1e-9):.2f}" for m in ratio_cols]
-        + [f"{row[m]['ms'] / row[base]['ms']:.2f}" for m in ratio_cols] for row in rows))
+        + [f"{row[m]['ms'] / row[base]['ms']:.2f}" for m in ratio_cols] for row in rows)))

@@ -18,6 +18,7 @@ from pathlib import Path
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_json
 from mtsa_fairseq.experiments.plotting import pyplot, save_figure
+from mtsa_fairseq.experiments.tables import markdown_table
 
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
             "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
@@ -78,7 +79,7 @@ def markdown(result: dict) -> str:
     for key, unit, spec in (("ms", "ms", ".1f"), ("mb", "MB", ".0f")):
         header = ["L"] + [f"{n.removesuffix('_encoder')} {unit}" for n in names]
         rows = ([str(r["L"])] + [_cell(r[key].get(n), spec, r["mb"].get(n)) for n in names] for r in result["rows"])
-        lines += ["", measure.markdown_table(header, rows)]
+        lines += ["", *markdown_table(header, rows)]
     return "\n".join(lines)
 
 

@@ -29,9 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtsa_fairseq.experiments.bench.measure import markdown_table, status_kb, synchronize
+from mtsa_fairseq.experiments.bench.measure import status_kb, synchronize
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic, write_json
+from mtsa_fairseq.experiments.tables import markdown_table
 
 ARCHS = ("transformer_wmt_en_de", "transformer_mtsa_wmt_en_de")
 # the Transformer paper's base recipe as fairseq's WMT14 example trains it (optimiser, schedule, criterion)
@@ -236,7 +237,7 @@ def runs_table(result: dict, names: dict[str, str] | None = None) -> list[str]:
              f"{row['tok_s'][system] / row['tok_s'][systems[0]]:.3f}", f"{row['peak_mb'][system]:,.0f}",
              f"{row['peak_mb'][system] / row['peak_mb'][systems[0]]:.3f}"]
             for row in result["rows"] for system in systems)
-    return markdown_table(header, rows).split("\n")
+    return markdown_table(header, rows)
 
 
 def markdown(result: dict) -> str:

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mtsa_fairseq.experiments.bench.measure import device_name, emit, isolated, markdown_table, median_ms, timed_rounds
+from mtsa_fairseq.experiments.bench.measure import device_name, emit, isolated, median_ms, timed_rounds
 from mtsa_fairseq.experiments.files import write_atomic, write_json
+from mtsa_fairseq.experiments.tables import markdown_table
 
 # besides views (``is_view``), the operators that only alias or allocate memory: no kernel runs (fills do run one)
 VIEWS_AND_ALLOCATIONS = frozenset({
@@ -274,7 +275,7 @@ def table(rows: list[dict], cuda: bool) -> str:
         cells += [str(row["cuda"]["launches"]), str(row["cuda"]["syncs"])] if cuda else []
         cells += [f"{row['ms']:.2f}", _time_ratio(row, ref)]
         lines.append(cells)
-    return markdown_table(header, lines)
+    return "\n".join(markdown_table(header, lines))
 
 
 def launches_table(report: dict, names: dict[str, str] | None = None) -> list[str]:

@@ -197,7 +197,3 @@ def progress(done: int, total: int, start: float) -> str:
     return f"[bench {done}/{total}, {seconds // 60}m{seconds % 60:02d}s]"
 
 
-def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
-    """A Markdown table of ``header`` and ``rows`` of cells."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])

@@ -23,6 +23,7 @@ from pathlib import Path
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.plotting import pyplot, save_figure
+from mtsa_fairseq.experiments.tables import markdown_table
 
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
 LONGEST_SENTENCE = 100  # training sentences' lengths are drawn in [4, 100]
@@ -110,7 +111,7 @@ def profile_table(row: dict, top: int = 10) -> str:
     totals = [sum(times[m].values()) for m in MODELS]
     cells.append(["all operators", *(f"{t:.2f}" for t in totals), f"{totals[1] - totals[0]:+.2f}"])
     header = [f"L = {row['L']}: host self time per pass", "transformer ms", "mtsa ms", "mtsa - transformer"]
-    return measure.markdown_table(header, cells)
+    return "\n".join(markdown_table(header, cells))
 
 
 def training_batches(args: argparse.Namespace) -> list[dict]:
@@ -174,7 +175,7 @@ def markdown(result: dict) -> str:
     rows = ([str(r["L"]), f"{r['ms']['transformer']:.1f}", f"{r['ms']['mtsa']:.1f}", f"{r['time_ratio']:.3f}",
              f"{r['mb']['transformer']:.1f}", f"{r['mb']['mtsa']:.1f}", f"{r['memory_ratio']:.3f}"]
             for r in result["encoder"])
-    text = measure.markdown_table(header, rows)
+    text = "\n".join(markdown_table(header, rows))
     text += "".join(f"\n\n{profile_table(r)}" for r in result["encoder"] if "profile" in r)
     train = result["training"]
     if train is None:
@@ -182,7 +183,7 @@ def markdown(result: dict) -> str:
     header = ["training", "transformer tok/s", "mtsa tok/s", "throughput ratio (mtsa / transformer)"]
     cells = [f"{train['steps']} steps of ~{train['max_tokens']} target tokens", f"{train['tok_s']['transformer']:.1f}",
              f"{train['tok_s']['mtsa']:.1f}", f"{train['ratio']:.3f}"]
-    return f"{result['settings']}\n\n{text}\n\n{measure.markdown_table(header, [cells])}\n"
+    return "\n\n".join([result["settings"], text, "\n".join(markdown_table(header, [cells]))]) + "\n"
 
 
 def plot(result: dict, path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, read_json, read_run
 from mtsa_fairseq.experiments.sentence.report import metric_format
 from mtsa_fairseq.experiments.sentence.runs import ExperimentError, Run, TaskConfig, dev_curve, run_one
+from mtsa_fairseq.experiments.tables import markdown_table
 
 SCHEMA = "mtsa-fairseq/sentence-lr-search/1"
 RULE = ("each architecture takes the rate with the highest best-dev {metric} among the rates it trained through "
@@ -161,8 +162,8 @@ def search_table(report: dict[str, Any], names: dict[str, str] | None = None) ->
     chosen rate's in bold, a stopped run marked), the last validation, and the chosen rate."""
     f, name, metric = metric_format(report["metric"]), names or {}, report["metric"]
     lrs = report["lrs"]
-    lines = ["| architecture | " + " | ".join(f"lr {lr:g}: best dev {metric} (update); last" for lr in lrs) +
-             " | chosen rate |", "|---|" + "---|" * len(lrs) + "---|"]
+    header = ["architecture", *(f"lr {lr:g}: best dev {metric} (update); last" for lr in lrs), "chosen rate"]
+    rows = []
     by_arch: dict[str, dict[float, dict[str, Any]]] = {arch: {} for arch in report["archs"]}
     for run in report["runs"]:
         by_arch[run["arch"]][run["lr"]] = run
@@ -179,8 +180,8 @@ def search_table(report: dict[str, Any], names: dict[str, str] | None = None) ->
                    else f"{run['last_dev']:{f}}")
             cells.append((f"**{best}**" if lr == chosen else best) + f"; {end}")
         shown = "pending" if arch in report["pending"] else "—" if chosen is None else f"{chosen:g}"
-        lines.append(f"| {name.get(arch, arch)} | " + " | ".join(cells) + f" | {shown} |")
-    return lines
+        rows.append([name.get(arch, arch), *cells, shown])
+    return markdown_table(header, rows)
 
 
 def search_markdown(report: dict[str, Any]) -> str:

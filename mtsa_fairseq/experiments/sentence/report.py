@@ -22,6 +22,7 @@ from mtsa_fairseq.experiments.significance import (
     t_interval,
     t_test,
 )
+from mtsa_fairseq.experiments.tables import markdown_table
 
 CV_KINDS = ("chosen", "best", "last")  # the honest number first
 LOWER_IS_BETTER = {"mse"}  # metrics for which the one-sided test asks whether the reference is lower
@@ -212,25 +213,22 @@ def summary_table(summary: dict[str, Any], names: dict[str, str] | None = None,
     metric, ref, f, name = summary["metric"], summary["reference"], metric_format(summary["metric"]), names or {}
     ref = name.get(ref, ref)
     rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
-    lr_column = " lr |" if rates else ""
     lower = metric in LOWER_IS_BETTER
-    lines = [f"| architecture |{lr_column} seeds | {metric} per seed | mean ± sd | {ref} − it | 95% CI | t | df | "
-             f"p (two-sided) | p ({ref} {'<' if lower else '>'} it) |", "|---|" + "---|" * (10 if rates else 9)]
+    header = ["architecture", *(["lr"] if rates else []), "seeds", f"{metric} per seed", "mean ± sd", f"{ref} − it",
+              "95% CI", "t", "df", "p (two-sided)", f"p ({ref} {'<' if lower else '>'} it)"]
+    rows = []
     for arch, row in summary["archs"].items():
-        values = ", ".join(f"{v:{f}}" for v in row["values"])
+        cells = [name.get(arch, arch), *([f"{rates[arch]:g}"] if rates else []), str(len(row["values"])),
+                 ", ".join(f"{v:{f}}" for v in row["values"]), _mean_sd(row, f)]
         test = summary["welch_vs_reference"].get(arch)
-        if test is None:
-            cells = "— | — | — | — | — | —"
-        elif "error" in test:
-            cells = f"{test['error']} | | | | |"
+        if test is None or "error" in test:
+            cells += ["—" if test is None else test["error"], *["—"] * 5]
         else:
-            cells = (f"{test['difference']:+{f}} | {_interval(test, test['t'], test['df'], f)} | {test['t']:.2f} | "
-                     f"{test['df']:.1f} | {_p(test['p_two_sided'])} | "
-                     f"{_p(1 - test['p_greater'] if lower else test['p_greater'])}")
-        lr = f" {rates[arch]:g} |" if rates else ""
-        lines.append(f"| {name.get(arch, arch)} |{lr} {len(row['values'])} | {values} | {_mean_sd(row, f)} | "
-                     f"{cells} |")
-    return lines
+            cells += [f"{test['difference']:+{f}}", _interval(test, test["t"], test["df"], f), f"{test['t']:.2f}",
+                      f"{test['df']:.1f}", _p(test["p_two_sided"]),
+                      _p(1 - test["p_greater"] if lower else test["p_greater"])]
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 def _interval(test: dict[str, Any], t: float, df: float, f: str) -> str:
@@ -247,9 +245,9 @@ def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None
     test, the naive paired one beside it (and each architecture's learning rate when a search chose them)."""
     cv, ref, f, name = summary["cross_validation"], summary["reference"], metric_format(summary["metric"]), names or {}
     rates = summary["lr_from"]["chosen"] if "lr_from" in summary else None
-    lines = [f"| architecture |{' lr |' if rates else ''} runs | chosen | best (test-selected) | last | "
-             f"{name.get(ref, ref)} − it, chosen: corrected 95% CI (p: corrected; paired) | best | last |",
-             "|---|" + "---|" * (8 if rates else 7)]
+    header = ["architecture", *(["lr"] if rates else []), "runs", "chosen", "best (test-selected)", "last",
+              f"{name.get(ref, ref)} − it, chosen: corrected 95% CI (p: corrected; paired)", "best", "last"]
+    rows = []
     for arch, row in cv["archs"].items():
         cells = [name.get(arch, arch), *([f"{rates[arch]:g}"] if rates else []), str(row["runs"])]
         cells += [_mean_sd(row[kind], f) for kind in CV_KINDS]
@@ -264,8 +262,8 @@ def cross_validation_table(summary: dict[str, Any], names: dict[str, str] | None
                 interval = _interval(test[kind], corrected["t"], test[kind]["df"], f)
                 cells.append(f"{test[kind]['difference']:+{f}}: {interval} ({_p(corrected['p_two_sided'])}; "
                              f"{_p(test[kind]['p_two_sided'])})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 def _curve(run: dict[str, Any]) -> dict[int, float]:
@@ -277,21 +275,19 @@ def runs_table(summary: dict[str, Any], names: dict[str, str] | None = None) -> 
     update that reached that dev value (fairseq keeps the later of equally good checkpoints), the last validation."""
     metric, f, name = summary["metric"], metric_format(summary["metric"]), names or {}
     split = summary.get("split", "test")
-    lines = [f"| architecture | seed | {split} {metric} | tested checkpoint: update | its dev {metric} | "
-             f"first update with that dev {metric} | last validation: update | dev {metric} there |",
-             "|---|---|---|---|---|---|---|---|"]
-    order = list(summary["archs"])
+    header = ["architecture", "seed", f"{split} {metric}", "tested checkpoint: update", f"its dev {metric}",
+              f"first update with that dev {metric}", "last validation: update", f"dev {metric} there"]
+    order, rows = list(summary["archs"]), []
     for run in sorted(summary["runs"], key=lambda r: (order.index(r["arch"]), r["seed"])):
         curve, tested = _curve(run), run["best_checkpoint_updates"]
-        dev = last = "— | —"  # no validation in its log, or none at the tested update
+        dev = last = ["—", "—"]  # no validation in its log, or none at the tested update
         if tested in curve:
-            first = min(u for u, v in curve.items() if v == curve[tested])
-            dev = f"{curve[tested]:{f}} | {first:,}"
+            dev = [f"{curve[tested]:{f}}", f"{min(u for u, v in curve.items() if v == curve[tested]):,}"]
         if curve:
-            last = f"{max(curve):,} | {curve[max(curve)]:{f}}"
-        lines.append(f"| {name.get(run['arch'], run['arch'])} | {run['seed']} | {run['metrics'][metric]:{f}} | "
-                     f"{tested:,} | {dev} | {last} |")
-    return lines
+            last = [f"{max(curve):,}", f"{curve[max(curve)]:{f}}"]
+        rows.append([name.get(run["arch"], run["arch"]), str(run["seed"]), f"{run['metrics'][metric]:{f}}",
+                     f"{tested:,}", *dev, *last])
+    return markdown_table(header, rows)
 
 
 def _runs_by_arch(summary: dict[str, Any], archs: list[str] | None = None) -> dict[str, dict[tuple[int, int], Any]]:
@@ -329,7 +325,7 @@ def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
     head = ["seed", "fold"] if len(seeds) > 1 else ["fold"]
     for arch in numbers:
         head += [f"{name.get(arch, arch)}: chosen (update)", "best, test-selected (update)", "last"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for key in sorted(set().union(*(set(runs) for runs in numbers.values()))):
         cells = [str(key[0]), str(key[1])] if len(seeds) > 1 else [str(key[1])]
         for arch in numbers:
@@ -340,8 +336,8 @@ def folds_table(summary: dict[str, Any], names: dict[str, str] | None = None,
             cells += ["—" if run["chosen"] is None else f"{run['chosen'][0]:{f}} ({run['chosen'][1]:,})",
                       f"{run['best'][0]:{f}} ({run['best'][1]:,})",
                       f"{run['last'][0]:{f}}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return markdown_table(head, rows)
 
 
 def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, value: float = 0.0,
@@ -376,21 +372,21 @@ def anchor_table(summary: dict[str, Any], names: dict[str, str] | None = None, v
     if lead:
         besides[f"p (naive: {'folds independent, ' if cross_validation else ''}figure exact)"] = {}
     t_head = f"t ({'; '.join(lead)})" if lead else "t"
-    lines = [f"| architecture | number | n | mean ± sd | {label} | mean − {label} | {t_head} | p (two-sided) | "
-             f"p (mean {'<' if lower else '>'} {label}) |" + "".join(f" {head} |" for head in besides),
-             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(besides)]
+    header = ["architecture", "number", "n", "mean ± sd", label, f"mean − {label}", t_head, "p (two-sided)",
+              f"p (mean {'<' if lower else '>'} {label})", *besides]
+    rows = []
     for arch, title, values in samples:
         spread = _spread(values)
-        cells = f"{_mean_sd(spread, f)} | {value:{f}} | {spread['mean'] - value:+{f}}"
+        cells = [name.get(arch, arch), title, str(len(values)), _mean_sd(spread, f), f"{value:{f}}",
+                 f"{spread['mean'] - value:+{f}}"]
         if not spread["std"]:
-            cells += " | —" * (3 + len(besides))  # one value, or no spread: no t-test
+            cells += ["—"] * (3 + len(besides))  # one value, or no spread: no t-test
         else:
             test = anchor_test(values, value, test_train_ratio=ratio, **error)
-            better = 1 - test.p_greater if lower else test.p_greater
-            cells += f" | {test.t:.2f} | {_p(test.p_two_sided)} | {_p(better)}" + "".join(
-                f" | {_p(anchor_test(values, value, **options).p_two_sided)}" for options in besides.values())
-        lines.append(f"| {name.get(arch, arch)} | {title} | {len(values)} | {cells} |")
-    return lines
+            cells += [f"{test.t:.2f}", _p(test.p_two_sided), _p(1 - test.p_greater if lower else test.p_greater)]
+            cells += [_p(anchor_test(values, value, **options).p_two_sided) for options in besides.values()]
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 def plot_dev_curves(runs: list[dict[str, Any]], metric: str, name: str, path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mtsa_fairseq.experiments.plotting import pyplot, save_figure
+from mtsa_fairseq.experiments.tables import markdown_table
 
 _VALID = re.compile(r"\| valid \| .*")
 _FIELD = re.compile(r"\| (loss|bleu|num_updates) ([0-9.]+)")
@@ -70,31 +71,31 @@ def curves_table(report: dict[str, Any], names: dict[str, str] | None = None) ->
     validation BLEU, then every run's validation loss (— where a run has not validated that update)."""
     name = names or {}
     runs = {name.get(label, label): {p["update"]: p for p in run["curve"]} for label, run in report["runs"].items()}
-    lines = ["| update | " + " | ".join(f"{label} valid BLEU" for label in runs) + " | " +
-             " | ".join(f"{label} valid loss" for label in runs) + " |", "|---:|" + "---:|" * (2 * len(runs))]
+    header = ["update", *(f"{label} valid BLEU" for label in runs), *(f"{label} valid loss" for label in runs)]
+    rows = []
     for update in sorted(set().union(*runs.values())):
         points = [curve.get(update, {}) for curve in runs.values()]
-        cells = [f"{p['bleu']:.2f}" if "bleu" in p else "—" for p in points]
-        cells += [f"{p['loss']:.3f}" if "loss" in p else "—" for p in points]
-        lines.append(f"| {update:,} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([f"{update:,}", *(f"{p['bleu']:.2f}" if "bleu" in p else "—" for p in points),
+                     *(f"{p['loss']:.3f}" if "loss" in p else "—" for p in points)])
+    return markdown_table(header, rows, align="r" * len(header))
 
 
 def plateau_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
     """Per run of a curves report the budget rule at its last validation (:func:`plateau`)."""
     name = names or {}
-    lines = [f"| run | last validation U | best BLEU up to {PLATEAU_FRACTION} U | best after | gain | "
-             f"on a plateau (gain < {PLATEAU_GAIN}) |", "|---|---:|---:|---:|---:|---|"]
+    header = ["run", "last validation U", f"best BLEU up to {PLATEAU_FRACTION} U", "best after", "gain",
+              f"on a plateau (gain < {PLATEAU_GAIN})"]
+    rows = []
     for label, run in report["runs"].items():
         verdict = run["plateau"]
+        cells = [name.get(label, label), "—" if verdict["last_update"] is None else f"{verdict['last_update']:,}"]
         if verdict["gain"] is None:
-            cells = "— | — | — | no (too few validations)"
+            cells += ["—", "—", "—", "no (too few validations)"]
         else:
-            cells = (f"{verdict['best_before']:.2f} | {verdict['best_after']:.2f} | {verdict['gain']:+.2f} | "
-                     f"{'yes' if verdict['plateaued'] else 'not yet'}")
-        last = "—" if verdict["last_update"] is None else f"{verdict['last_update']:,}"
-        lines.append(f"| {name.get(label, label)} | {last} | {cells} |")
-    return lines
+            cells += [f"{verdict['best_before']:.2f}", f"{verdict['best_after']:.2f}", f"{verdict['gain']:+.2f}",
+                      "yes" if verdict["plateaued"] else "not yet"]
+        rows.append(cells)
+    return markdown_table(header, rows, align="lrrrrl")
 
 
 def system_of(label: str) -> str:

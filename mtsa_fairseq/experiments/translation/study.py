@@ -21,6 +21,7 @@ from mtsa_fairseq.experiments.checkpoint_average import (
 )
 from mtsa_fairseq.experiments.files import readable_json, write_atomic, write_json
 from mtsa_fairseq.experiments.processes import RunLock
+from mtsa_fairseq.experiments.tables import markdown_table
 from mtsa_fairseq.experiments.translation.curves import budget, plateau, plot_curves, run_curve
 from mtsa_fairseq.experiments.translation.pipeline import KINDS, Command, result_path, run_dir
 
@@ -84,17 +85,16 @@ def _result(out: Path, config: Path, seed: int, test: str, kind: str = "last") -
 
 def runs_table(out: Path, seeds: list[int], comparison: Comparison = STUDY) -> str:
     """One Markdown row per run: updates, wall time, target tokens/s, peak RSS, parameters, sacreBLEU per test."""
-    rows = ["| system | seed | updates | wall time (min) | target tokens/s | peak RSS (MB) | parameters | "
-            + " | ".join(f"sacreBLEU {t}" for t in TESTS) + " |",
-            "|---|---|---|---|---|---|---|" + "---|" * len(TESTS)]
+    header = ["system", "seed", "updates", "wall time (min)", "target tokens/s", "peak RSS (MB)", "parameters",
+              *(f"sacreBLEU {t}" for t in TESTS)]
+    rows = []
     for _, config, seed in comparison.runs(seeds):
         run = _run_record(out, config, seed)
         scores = [_result(out, config, seed, t) for t in TESTS]
-        rows.append(f"| {config.stem} | {seed} | {run['num_updates']} | {run['wall_seconds'] / 60:.1f} | "
-                    f"{run['train_target_tokens_per_second']:.0f} | {run['peak_rss_mb']:.0f} | "
-                    f"{scores[0]['num_params']:,} | " + " | ".join(f"{s['bleu']['sacrebleu']:.2f}" for s in scores)
-                    + " |")
-    return "\n".join(rows) + "\n"
+        rows.append([config.stem, str(seed), str(run["num_updates"]), f"{run['wall_seconds'] / 60:.1f}",
+                     f"{run['train_target_tokens_per_second']:.0f}", f"{run['peak_rss_mb']:.0f}",
+                     f"{scores[0]['num_params']:,}", *(f"{s['bleu']['sacrebleu']:.2f}" for s in scores)])
+    return "\n".join(markdown_table(header, rows)) + "\n"
 
 
 def averaged_checkpoint(run_dir: Path) -> Path:

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from mtsa_fairseq.experiments.significance import POWER, detectable_difference, equivalence_test, format_p
+from mtsa_fairseq.experiments.tables import markdown_table
 
 BLEU_KINDS = {"summary": "sacreBLEU", "summary_lowercased": "sacreBLEU, lowercased",
               "summary_tokenized": "tokenized, compound-split"}
@@ -39,10 +40,10 @@ def study_table(report: dict[str, Any], names: dict[str, str] | None = None, mar
     confidence interval, Welch's test, the equivalence test within ±``margin`` (two one-sided Welch t-tests) and
     the difference Welch's test detects with 80% power at these sds (two-sided alpha 0.05)."""
     baseline, system, base_name, sys_name = _systems(report, names or {})
-    lines = [f"| test set | checkpoint | BLEU | {base_name} | {sys_name} | {sys_name} − {base_name} | 95% CI | "
-             f"t (df) | p (two-sided) | p ({sys_name} > {base_name}) | p (equivalent within ±{margin:g}) | "
-             f"detectable ({POWER:.0%} power) |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["test set", "checkpoint", "BLEU", base_name, sys_name, f"{sys_name} − {base_name}", "95% CI", "t (df)",
+              "p (two-sided)", f"p ({sys_name} > {base_name})", f"p (equivalent within ±{margin:g})",
+              f"detectable ({POWER:.0%} power)"]
+    rows = []
     for test, kinds in report["summary"].items():
         for kind in kinds:
             for key, bleu in BLEU_KINDS.items():
@@ -55,11 +56,11 @@ def study_table(report: dict[str, Any], names: dict[str, str] | None = None, mar
                 stats = [row[s][key] for s in (baseline, system) for key in ("mean", "std", "n")]
                 equivalence = equivalence_test(*stats, margin)
                 detectable = detectable_difference(*stats[1:3], *stats[4:6])
-                lines.append(f"| {test} | {_checkpoint(report, kind)} | {bleu} | {sides[0]} | {sides[1]} | "
-                             f"{row[system]['mean'] - row[baseline]['mean']:+.2f} | {low:+.2f} to {high:+.2f} | "
-                             f"{welch['t']:.2f} ({welch['df']:.1f}) | {format_p(welch['p_two_sided'])} | "
-                             f"{format_p(welch['p_greater'])} | {format_p(equivalence.p)} | {detectable:.2f} |")
-    return lines
+                rows.append([test, _checkpoint(report, kind), bleu, *sides,
+                             f"{row[system]['mean'] - row[baseline]['mean']:+.2f}", f"{low:+.2f} to {high:+.2f}",
+                             f"{welch['t']:.2f} ({welch['df']:.1f})", format_p(welch["p_two_sided"]),
+                             format_p(welch["p_greater"]), format_p(equivalence.p), f"{detectable:.2f}"])
+    return markdown_table(header, rows, align="lll" + "r" * 9)
 
 
 def study_paired_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
@@ -67,16 +68,13 @@ def study_paired_table(report: dict[str, Any], names: dict[str, str] | None = No
     bootstrap and approximate-randomization p-values, and the bootstrap as sacreBLEU and Moses compute it
     (one-sided-like)."""
     _, _, base_name, sys_name = _systems(report, names or {})
-    lines = [f"| test set | checkpoint | seed | {base_name} sacreBLEU | {sys_name} sacreBLEU | "
-             "p (paired bootstrap, two-sided) | p (approximate randomization) | p (Moses bootstrap, one-sided-like) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for test, kinds in report["summary"].items():
-        for kind, row in kinds.items():
-            for pair in row["paired"]:
-                lines.append(f"| {test} | {_checkpoint(report, kind)} | {pair['seed']} | {pair['baseline_bleu']:.2f} | "
-                             f"{pair['system_bleu']:.2f} | {format_p(pair['p_bootstrap_two_sided'])} | "
-                             f"{format_p(pair['p_ar'])} | {format_p(pair['p_bootstrap_moses'])} |")
-    return lines
+    header = ["test set", "checkpoint", "seed", f"{base_name} sacreBLEU", f"{sys_name} sacreBLEU",
+              "p (paired bootstrap, two-sided)", "p (approximate randomization)", "p (Moses bootstrap, one-sided-like)"]
+    rows = [[test, _checkpoint(report, kind), str(pair["seed"]), f"{pair['baseline_bleu']:.2f}",
+             f"{pair['system_bleu']:.2f}", format_p(pair["p_bootstrap_two_sided"]), format_p(pair["p_ar"]),
+             format_p(pair["p_bootstrap_moses"])]
+            for test, kinds in report["summary"].items() for kind, row in kinds.items() for pair in row["paired"]]
+    return markdown_table(header, rows, align="ll" + "r" * 6)
 
 
 def study_runs_table(report: dict[str, Any], names: dict[str, str] | None = None) -> list[str]:
@@ -87,16 +85,16 @@ def study_runs_table(report: dict[str, Any], names: dict[str, str] | None = None
     tests = list(report["summary"])
     kinds = list(report["summary"][tests[0]])
     columns = [f"{test} {_checkpoint(report, kind)}" for test in tests for kind in kinds]
-    lines = ["| system | seed | updates | wall time (s) | target tokens/s | best valid BLEU (update) | "
-             "last valid BLEU | gain after 0.75 U | " + " | ".join(columns) + " |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(tests) * len(kinds))]
+    header = ["system", "seed", "updates", "wall time (s)", "target tokens/s", "best valid BLEU (update)",
+              "last valid BLEU", "gain after 0.75 U", *columns]
+    rows = []
     for run in report["runs"]:
         curve = run["valid_bleu"]
         best = max(bleu for _, bleu in curve)
         first = min(update for update, bleu in curve if bleu == best)
         tokens, gain = run["train_target_tokens_per_second"], run["plateau"]["gain"]
-        lines.append(f"| {name.get(run['system'], run['system'])} | {run['seed']} | {run['num_updates']:,} | "
-                     f"{run['wall_seconds']:,.0f} | {'—' if tokens is None else f'{tokens:,.0f}'} | "
-                     f"{best:.2f} ({first:,}) | {curve[-1][1]:.2f} | {'—' if gain is None else f'{gain:+.2f}'} | "
-                     + " | ".join(f"{run['test'][test][kind]:.2f}" for test in tests for kind in kinds) + " |")
-    return lines
+        rows.append([name.get(run["system"], run["system"]), str(run["seed"]), f"{run['num_updates']:,}",
+                     f"{run['wall_seconds']:,.0f}", "—" if tokens is None else f"{tokens:,.0f}",
+                     f"{best:.2f} ({first:,})", f"{curve[-1][1]:.2f}", "—" if gain is None else f"{gain:+.2f}",
+                     *(f"{run['test'][test][kind]:.2f}" for test in tests for kind in kinds)])
+    return markdown_table(header, rows, align="l" + "r" * (len(header) - 1))

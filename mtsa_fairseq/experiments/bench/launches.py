@@ -254,10 +254,10 @@ def _cell(row: dict) -> str:
     return f"{row['level']} {row['layer']} {row['s2t_activation']}, dropout {row['dropout']}, {row['padding']}"
 
 
-def table(rows: list[dict], cuda: bool) -> str:
-    """The Markdown table of ``rows``, operators and time also as ratios to the first layer's at the same level,
-    dropout and padding (over several processes: their median time, the mean ratio and its 95% interval); Python
-    calls are the Python functions called, forward and backward."""
+def table(rows: list[dict], cuda: bool) -> list[str]:
+    """The Markdown table of ``rows`` as lines, operators and time also as ratios to the first layer's at the same
+    level, dropout and padding (over several processes: their median time, the mean ratio and its 95% interval);
+    Python calls are the Python functions called, forward and backward."""
     header = ["level", "layer", "source2token", "attention dropout", "padding", "operators, forward", "backward",
               "total", "operators / " + rows[0]["layer"], "host syncs", "Python calls"]
     header += ["CUDA launches", "CUDA syncs"] if cuda else []
@@ -275,12 +275,12 @@ def table(rows: list[dict], cuda: bool) -> str:
         cells += [str(row["cuda"]["launches"]), str(row["cuda"]["syncs"])] if cuda else []
         cells += [f"{row['ms']:.2f}", _time_ratio(row, ref)]
         lines.append(cells)
-    return "\n".join(markdown_table(header, lines))
+    return markdown_table(header, lines)
 
 
 def launches_table(report: dict, names: dict[str, str] | None = None) -> list[str]:
     """:func:`table` of a ``--json`` report, as lines (``mtsa-docs-tables`` kind ``launches``; ``names`` unused)."""
-    return table(report["rows"], report["settings"]["device"].startswith("cuda")).split("\n")
+    return table(report["rows"], report["settings"]["device"].startswith("cuda"))
 
 
 def _times_elsewhere(args: argparse.Namespace, script: Path, argv: list[str], rows: list[dict]) -> None:
@@ -327,7 +327,7 @@ def run(args: argparse.Namespace, script: Path, argv: list[str]) -> None:
             f"{args.length}, d_model {args.dim}, {args.heads} heads, models of {args.layers_per_stack} + "
             f"{args.layers_per_stack} layers, training step (forward + backward), time the median of {args.rounds} "
             f"steps taken in turns{processes}")
-    text = table(rows, args.device.startswith("cuda"))
+    text = "\n".join(table(rows, args.device.startswith("cuda")))
     if args.json:
         write_json(args.json, {"torch": torch.__version__, "device": device_name(args.device), "settings": settings,
                                "rows": rows})

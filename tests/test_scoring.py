@@ -412,7 +412,7 @@ def test_a_failing_fairseq_generate_is_one_line_with_its_log(tmp_path):
     log = tmp_path / "gen.log"
     cmd = [sys.executable, "-c", "import sys; print('H-0\\tx'); "
            "sys.exit('Exception: Size of sample #3 is invalid (=(1100, 1100)) since max_positions=(1024, 1024)')"]
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(scoring.ScoringError) as err:
         scoring.run_generate(cmd, log)
     message = str(err.value)
     assert "\n" not in message

@@ -107,56 +107,30 @@ def _main() -> None:
     inputs = resolve_data(args, parser)
     check_dictionaries(run, checkpoint, inputs.data_bin, scoring.ScoringError)
     references = scoring.read_test_set(inputs)
-    try:
-        args.result.parent.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(args.result.with_name(f".{args.result.name}.lock"), f"result {args.result}", "scorer")
-        lock.acquire(scoring.ScoringError)
-    except (OSError, scoring.ScoringError) as exc:
-        sys.exit(f"error: {exc}")
-    with lock:
+    args.result.parent.mkdir(parents=True, exist_ok=True)
+    with RunLock(args.result.with_name(f".{args.result.name}.lock"), f"result {args.result}",
+                 "scorer").acquire(scoring.ScoringError):
         if args.result.exists() and not args.overwrite:
             if readable_json(args.result):
                 parser.error(f"{args.result} exists (pass --overwrite to replace it)")
             print(f"note: {args.result} is empty or unreadable: scoring again", file=sys.stderr)
         try:
-            score(args, parser, checkpoint, run or {}, inputs, references)
+            result = scoring.score_checkpoint(
+                checkpoint, inputs, references, args.result, run=run,
+                generation={"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a,
+                            "max_len_b": args.max_len_b},
+                system=args.system, setup=args.setup, seed=args.seed, test_set=args.test,
+                max_tokens=args.max_tokens, batch_size=args.batch_size, cpu=args.cpu, fp16=args.fp16)
         except OSError as exc:  # a full disk, a vanished directory: the previous files stay whole
             sys.exit(f"error: {exc.strerror or exc} ({exc.filename or args.result})")
-
-
-def score(args: argparse.Namespace, parser: argparse.ArgumentParser, checkpoint: Path, run: dict,
-          inputs: scoring.ScoringInputs, references: list[str]) -> None:
-    """Translate, score, write the hypotheses and then the result (each atomically: a result has its hypotheses)."""
-    generation = {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
-    try:
-        info = scoring.checkpoint_info(checkpoint, inputs.data_bin)
-        target_lang = inputs.target_lang or info.target_lang
-        if not target_lang:
-            parser.error("the target language is unknown: pass --target-lang")
-        hypotheses = scoring.translate(
-            checkpoint, inputs, len(references), args.result.with_name(args.result.stem + ".generate.log"),
-            max_tokens=args.max_tokens, batch_size=args.batch_size, source_lang=inputs.source_lang or info.source_lang,
-            target_lang=target_lang, cpu=args.cpu, fp16=args.fp16, **generation)
-    except (RuntimeError, scoring.ScoringError) as exc:
-        sys.exit(f"error: {exc}")
-    hypotheses = scoring.detokenize(hypotheses, inputs.spm_model)
-    bleu = scoring.bleu_scores(hypotheses, references, target_lang)
-    hyp_path = args.result.with_name(args.result.stem + ".hyp.txt")
-    result = scoring.build_result(
-        system=args.system or run.get("system") or info.arch, setup=args.setup or run.get("setup"), arch=info.arch,
-        seed=args.seed if args.seed is not None else run.get("seed", info.seed), checkpoint=checkpoint,
-        num_params=info.num_params, test_set=args.test or args.gen_subset, subset=inputs.subset, hypotheses=hyp_path,
-        references=inputs.reference, num_sentences=len(references), bleu=bleu, generation=generation,
-        folder=args.result.parent, diverged=(run.get("status") == "diverged"))
-    scoring.write_lines(hyp_path, hypotheses)
-    write_json(args.result, result, indent=2)
-    print(f"{result['test_set']} ({len(references)} sentences), {result['system']} seed {result['seed']}, "
-          f"{info.num_params:,} parameters")
+    bleu = result["bleu"]
+    print(f"{result['test_set']} ({result['num_sentences']} sentences), {result['system']} seed {result['seed']}, "
+          f"{result['num_params']:,} parameters")
     print(f"sacreBLEU {bleu['sacrebleu']:.2f}  signature: {bleu['signature']}")
     print(f"sacreBLEU lowercased {bleu['sacrebleu_lc']:.2f}")
     print(f"tokenized compound-split BLEU {bleu['tokenized_compound_split']:.2f}")
     print(f"t2t intl BLEU (cased) {bleu['t2t_intl']:.2f}")
-    print(f"wrote {args.result} and {hyp_path}")
+    print(f"wrote {args.result} and {args.result.with_name(args.result.stem + '.hyp.txt')}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Scoring fairseq translations with BLEU, and the result-file contract (``mtsa-fairseq.result.v1``).
 
-``scripts/score.py`` runs ``fairseq-generate`` on one test subset, orders the ``H-<id>`` hypotheses by sentence id,
-decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data), whitespace-normalises them
-(one line per sentence) and scores them against the untouched reference file (its lines as data preparation
-counted them, see :func:`mtsa_fairseq.contracts.iter_lines`). Every value is corpus BLEU with one reference,
-case-sensitive but one (docs/experiment.md, 3. Scoring):
+:func:`score_checkpoint` (``mtsa-score``) runs ``fairseq-generate`` on one test subset, orders the ``H-<id>`` hypotheses
+by sentence id, decodes them (sentencepiece, or whitespace-joined tokens for already-tokenised data),
+whitespace-normalises them (one line per sentence) and scores them against the untouched reference file (its lines as
+data preparation counted them, see :func:`mtsa_fairseq.contracts.iter_lines`). Every value is corpus BLEU with one
+reference, case-sensitive but one (docs/experiment.md, 3. Scoring):
 
 * ``sacrebleu``: sacreBLEU's default BLEU (``13a``, ``exp`` smoothing) on the detokenised hypotheses, with its
   signature; the number to compare across papers.
@@ -39,7 +39,7 @@ from mtsa_fairseq.contracts import (
     run_beside,
 )
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
-from mtsa_fairseq.experiments.files import write_atomic
+from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.processes import run_logged
 
 _HYPOTHESIS = re.compile(r"^H-(\d+)\t")
@@ -47,7 +47,7 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 
 
 class ScoringError(ValueError):
-    """Bad input for scoring: the message is one line naming the problem."""
+    """Bad input for scoring, or fairseq-generate failing on it: the message is one line naming the problem."""
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> None:
@@ -321,13 +321,45 @@ def translate(checkpoint: Path, inputs: ScoringInputs, num_sentences: int, log_p
     return ordered_hypotheses(parse_generate_output(run_generate(cmd, log_path)), num_sentences, inputs.subset)
 
 
+def score_checkpoint(checkpoint: Path, inputs: ScoringInputs, references: Sequence[str], result_path: Path, *,
+                     generation: dict[str, Any], run: dict[str, Any] | None = None, system: str | None = None,
+                     setup: str | None = None, seed: int | None = None, test_set: str | None = None,
+                     **device: Any) -> dict[str, Any]:
+    """Translate the test set ``inputs`` with ``checkpoint`` (``generation``: beam, lenpen, max_len_a, max_len_b;
+    ``device``: :func:`generate_command`'s max_tokens, batch_size, cpu, fp16), score it against ``references``,
+    write the hypotheses (``<stem>.hyp.txt``) and then the result ``result_path``, each atomically, so that a
+    result always has its hypotheses; return the result. ``system``, ``setup`` and ``seed`` default to the run
+    record ``run``'s, then to the checkpoint's; ``test_set`` to the subset's name."""
+    run = run or {}
+    info = checkpoint_info(checkpoint, inputs.data_bin)
+    target_lang = inputs.target_lang or info.target_lang
+    if not target_lang:
+        raise ScoringError("the target language is unknown: pass --target-lang")
+    log_path = result_path.with_name(result_path.stem + ".generate.log")
+    hypotheses = translate(checkpoint, inputs, len(references), log_path,
+                           source_lang=inputs.source_lang or info.source_lang, target_lang=target_lang,
+                           **generation, **device)
+    hypotheses = detokenize(hypotheses, inputs.spm_model)
+    hyp_path = result_path.with_name(result_path.stem + ".hyp.txt")
+    result = build_result(
+        system=system or run.get("system") or info.arch, setup=setup or run.get("setup"), arch=info.arch,
+        seed=seed if seed is not None else run.get("seed", info.seed), checkpoint=checkpoint,
+        num_params=info.num_params, test_set=test_set or inputs.subset, subset=inputs.subset, hypotheses=hyp_path,
+        references=inputs.reference, num_sentences=len(references),
+        bleu=bleu_scores(hypotheses, references, target_lang), generation=generation, folder=result_path.parent,
+        diverged=(run.get("status") == "diverged"))
+    write_lines(hyp_path, hypotheses)
+    write_json(result_path, result, indent=2)
+    return result
+
+
 def run_generate(cmd: Sequence[str], log_path: Path) -> str:
     """Run fairseq-generate (stopped with this process: Ctrl-C, SIGTERM) with its whole output in ``log_path``
-    and return that output; a failure raises one line: fairseq's last error line and where the log is."""
+    and return that output; a failure raises :class:`ScoringError`: fairseq's last error line and where the log is."""
     log_path.unlink(missing_ok=True)
     returncode, _, output = run_logged(list(cmd), log_path, echo=False)
     if returncode != 0:
         lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
         last = lines[-1] if lines else "no output"
-        raise RuntimeError(f"fairseq-generate failed with exit code {returncode}: {last} (its log: {log_path})")
+        raise ScoringError(f"fairseq-generate failed with exit code {returncode}: {last} (its log: {log_path})")
     return output

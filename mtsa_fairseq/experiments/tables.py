@@ -53,10 +53,11 @@ def _options(kind: str, kinds: dict[str, Kind], given: str, where: str) -> tuple
     """A marker's ``OPTION=VALUE`` words as the name mapping and the keyword arguments of ``kind``'s function; an
     option that only other kinds declare is an error, not a name."""
     names, options = dict(word.split("=", 1) for word in given.split()), {}
+    missing = [f"{option}=" for option, spec in kinds[kind].options.items() if spec.required and option not in names]
+    if missing:
+        raise TableError(f"{where}: {kind} tables need {' and '.join(missing)}")
     for option, spec in kinds[kind].options.items():
         if option not in names:
-            if spec.required:
-                raise TableError(f"{where}: {kind} tables need {option}=")
             continue
         text = names.pop(option)
         try:

@@ -15,7 +15,8 @@ from mtsa_fairseq.contracts import RESULT_SCHEMA, RUN_SCHEMA
 from mtsa_fairseq.experiments.commands import multi30k_study
 from mtsa_fairseq.experiments.translation import study
 from mtsa_fairseq.experiments.translation.curves import budget
-from mtsa_fairseq.experiments.translation.train_config import is_mtsa_option, load_config
+from mtsa_fairseq.experiments.translation.train_config import load_config
+from mtsa_fairseq.models.transformer_mtsa import MTSA_OPTIONS
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
 
@@ -26,7 +27,8 @@ SCRIPT = ROOT / "scripts" / "multi30k_study.py"
 def test_systems_differ_only_in_the_encoder_self_attention():
     base, mtsa = (load_config(study.STUDY.configs[k]) for k in ("baseline", "system"))
     assert (base.arch, mtsa.arch) == ("transformer", "transformer_mtsa")
-    strip = lambda options: {k: v for k, v in options.items() if k != "arch" and not is_mtsa_option(k)}  # noqa: E731
+    plugin = {option.flag.lstrip("-") for option in MTSA_OPTIONS}
+    strip = lambda options: {k: v for k, v in options.items() if k != "arch" and k not in plugin}  # noqa: E731
     assert strip(base.fairseq) == strip(mtsa.fairseq)
     assert mtsa.fairseq["encoder-self-attention-type"] == "mtsa" and base.max_update == mtsa.max_update == 1000
 

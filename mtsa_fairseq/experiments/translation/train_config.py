@@ -8,7 +8,6 @@ arguments), each checked against ``fairseq-train``'s own parser; a key given twi
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,6 @@ LAUNCHER_OPTIONS = (
     "save-dir", "seed", "user-dir", "distributed-world-size", "distributed-rank", "distributed-init-method",
     "distributed-port", "distributed-no-spawn", "distributed-num-procs", "device-id", "local-rank", "local_rank",
 )
-# the MTSA plugin's options (mtsa_fairseq/models/transformer_mtsa.py); the only ones a transformer twin lacks
-MTSA_OPTIONS = ("encoder-self-attention-type", "decoder-self-attention-type")
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -63,11 +60,6 @@ class TrainConfig:
     @property
     def cpu(self) -> bool:
         return bool(self.fairseq.get("cpu"))
-
-
-def is_mtsa_option(key: str) -> bool:
-    """Whether a fairseq option key belongs to the MTSA plugin (not to fairseq's Transformer)."""
-    return key.startswith("mtsa-") or key in MTSA_OPTIONS
 
 
 def _int(value: Any) -> bool:
@@ -182,14 +174,3 @@ def check_with_fairseq(config: TrainConfig, data: str = "DATA") -> argparse.Name
     """Check every option of ``config`` against ``fairseq-train``'s parser; return the parsed namespace."""
     return parse_fairseq_train(data, fairseq_args(config), option_origins(config.path, config.fairseq),
                                config.fairseq)
-
-
-def t2t_learning_rate(step: float, warmup: int, hidden_size: int = 512, constant: float = 2.0) -> float:
-    """tensor2tensor's Transformer schedule ``constant * min(1, step/warmup) * rsqrt(max(step, warmup))
-    * hidden_size^-0.5`` (docs/reference.md §1.4)."""
-    return constant * min(1.0, step / warmup) / math.sqrt(max(step, warmup)) / math.sqrt(hidden_size)
-
-
-def t2t_peak_learning_rate(warmup: int, hidden_size: int = 512, constant: float = 2.0) -> float:
-    """The schedule's maximum, reached at ``step == warmup``: ``constant / sqrt(warmup * hidden_size)``."""
-    return t2t_learning_rate(warmup, warmup, hidden_size, constant)

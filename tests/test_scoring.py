@@ -215,6 +215,38 @@ def test_score_explicit_data_bin(trained, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_checkpoint_saved_with_the_triton_kernel_scores_on_the_cpu_with_model_overrides(trained, tmp_path):
+    """On the CPU such a checkpoint fails with one line saying how to choose another kernel; with
+    --model-overrides it translates as the checkpoint it was copied from (every kernel gives the same values)."""
+    import torch
+
+    state = torch.load(trained / "ckpt/checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state["cfg"]["model"].mtsa_kernel = "triton"
+    torch.save(state, tmp_path / "triton.pt")
+    env = {key: value for key, value in ENV.items() if key != "TRITON_INTERPRET"}
+    common = ["--data-bin", str(trained / "bin"), "--reference", str(trained / "raw/test.de"), "--cpu"]
+
+    def score_copy(result: Path, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(tmp_path / "triton.pt"), *common,
+                               "--result", str(result), *extra], capture_output=True, text=True, env=env,
+                              timeout=1500)
+
+    proc = score_copy(tmp_path / "r.json")
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("error: fairseq-generate failed")
+    assert "--model-overrides \"{'mtsa_kernel': 'auto'}\"" in proc.stderr and not (tmp_path / "r.json").exists()
+    proc = score_copy(tmp_path / "r.json", "--model-overrides", "mtsa_kernel=auto")
+    assert proc.returncode == 2 and "--model-overrides must be a dict literal" in proc.stderr
+    proc = score_copy(tmp_path / "r.json", "--model-overrides", "{'mtsa_kernel': 'auto'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["generation"]["model_overrides"] == "{'mtsa_kernel': 'auto'}"
+    proc = score("--checkpoint", str(trained / "ckpt/checkpoint_last.pt"), *common, "--result",
+                 str(tmp_path / "original.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "r.hyp.txt").read_text() == (tmp_path / "original.hyp.txt").read_text()
+
+
+@pytest.mark.slow
 def test_score_prepared_dir_and_run_dir(trained, tmp_path):
     root = trained
     data = tmp_path / "prepared"

@@ -185,14 +185,20 @@ def triton_available() -> bool:
         return False
 
 
+_OTHER_KERNEL = ("; every kernel gives the same values, so choose another: for a checkpoint trained with "
+                 "--mtsa-kernel triton, fairseq-generate or mtsa-score --model-overrides \"{'mtsa_kernel': 'auto'}\"")
+
+
 def _choose_kernel(kernel: str, token2token: str, q: Tensor, k_len: int, dropout_active: bool) -> str:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "triton":
         if not triton_available():
-            raise ValueError("kernel='triton' needs the triton package: pip install mtsa-fairseq[triton]")
+            raise ValueError("kernel='triton' needs the triton package: pip install mtsa-fairseq[triton]"
+                             + _OTHER_KERNEL)
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("kernel='triton' runs on CUDA tensors (on CPU only under TRITON_INTERPRET=1)")
+            raise ValueError("kernel='triton' runs on CUDA tensors (on CPU only under TRITON_INTERPRET=1)"
+                             + _OTHER_KERNEL)
         if q.dtype not in TRITON_DTYPES:
             raise ValueError(f"kernel='triton' takes float16, bfloat16 or float32 inputs, got {q.dtype}")
         return "triton"

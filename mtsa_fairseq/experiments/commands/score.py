@@ -7,6 +7,7 @@ Option errors exit with status 2, errors in the inputs (run record, checkpoint, 
 """
 
 import argparse
+import ast
 import logging
 import sys
 from pathlib import Path
@@ -53,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-len-b", type=int, default=200, help="max length = a * source length + b (default: 200)")
     gen.add_argument("--max-tokens", type=int, help="tokens per batch (default: 4096 unless --batch-size is given)")
     gen.add_argument("--batch-size", type=int, help="sentences per batch")
+    gen.add_argument("--model-overrides", metavar="DICT",
+                     help="fairseq-generate's --model-overrides, recorded in the result: a dict literal of model "
+                          "options to replace, e.g. \"{'mtsa_kernel': 'auto'}\" to translate on the CPU with a "
+                          "checkpoint trained with --mtsa-kernel triton")
     gen.add_argument("--cpu", action="store_true", help="translate on the CPU")
     gen.add_argument("--fp16", action="store_true", help="translate in half precision (GPU)")
     return parser
@@ -75,6 +80,13 @@ def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
     return scoring.inputs_from_manifest(args.data, scoring.read_manifest(args.data), args.test)
 
 
+def _is_dict_literal(text: str) -> bool:
+    try:
+        return isinstance(ast.literal_eval(text), dict)
+    except (ValueError, SyntaxError):
+        return False
+
+
 def main() -> None:
     """The command (environment errors: one line, status 1; Ctrl-C 130, SIGTERM 143, fairseq-generate with it)."""
     run_command(_main, errors=(scoring.ScoringError,))
@@ -90,6 +102,9 @@ def _main() -> None:
             parser.error(f"--{option.replace('_', '-')} must be positive")
     if args.max_len_a < 0:
         parser.error("--max-len-a must not be negative")
+    if args.model_overrides is not None and not _is_dict_literal(args.model_overrides):
+        parser.error(f"--model-overrides must be a dict literal such as \"{{'mtsa_kernel': 'auto'}}\", "
+                     f"not {args.model_overrides!r}")
     if args.max_tokens is None and args.batch_size is None:
         args.max_tokens = 4096
     if args.rescore:
@@ -118,7 +133,8 @@ def _main() -> None:
             result = scoring.score_checkpoint(
                 checkpoint, inputs, references, args.result, run=run,
                 generation={"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a,
-                            "max_len_b": args.max_len_b},
+                            "max_len_b": args.max_len_b,
+                            **({"model_overrides": args.model_overrides} if args.model_overrides else {})},
                 system=args.system, setup=args.setup, seed=args.seed, test_set=args.test,
                 max_tokens=args.max_tokens, batch_size=args.batch_size, cpu=args.cpu, fp16=args.fp16)
         except OSError as exc:  # a full disk, a vanished directory: the previous files stay whole

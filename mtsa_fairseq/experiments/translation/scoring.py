@@ -297,8 +297,10 @@ def checkpoint_info(checkpoint: Path, data_bin: Path) -> CheckpointInfo:
 
 def generate_command(data_bin: Path, checkpoint: Path, subset: str, *, beam: int, lenpen: float, max_len_a: float,
                      max_len_b: int, max_tokens: int | None, batch_size: int | None, source_lang: str | None = None,
-                     target_lang: str | None = None, cpu: bool = False, fp16: bool = False) -> list[str]:
-    """The ``fairseq-generate`` command line that translates every sentence of ``subset``."""
+                     target_lang: str | None = None, cpu: bool = False, fp16: bool = False,
+                     model_overrides: str | None = None) -> list[str]:
+    """The ``fairseq-generate`` command line that translates every sentence of ``subset`` (``model_overrides``:
+    fairseq's ``--model-overrides``, a dict literal of the checkpoint's model options to replace)."""
     executable = Path(sys.executable).parent / "fairseq-generate"
     cmd = [
         str(executable) if executable.exists() else "fairseq-generate", str(data_bin),
@@ -308,7 +310,8 @@ def generate_command(data_bin: Path, checkpoint: Path, subset: str, *, beam: int
     ]
     for option, value in (("--max-tokens", max_tokens), ("--batch-size", batch_size)):
         cmd += [option, str(value)] if value is not None else []
-    for option, value in (("--source-lang", source_lang), ("--target-lang", target_lang)):
+    for option, value in (("--source-lang", source_lang), ("--target-lang", target_lang),
+                          ("--model-overrides", model_overrides)):
         cmd += [option, value] if value else []
     return cmd + (["--cpu"] if cpu else []) + (["--fp16"] if fp16 else [])
 
@@ -325,11 +328,11 @@ def score_checkpoint(checkpoint: Path, inputs: ScoringInputs, references: Sequen
                      generation: dict[str, Any], run: dict[str, Any] | None = None, system: str | None = None,
                      setup: str | None = None, seed: int | None = None, test_set: str | None = None,
                      **device: Any) -> dict[str, Any]:
-    """Translate the test set ``inputs`` with ``checkpoint`` (``generation``: beam, lenpen, max_len_a, max_len_b;
-    ``device``: :func:`generate_command`'s max_tokens, batch_size, cpu, fp16), score it against ``references``,
-    write the hypotheses (``<stem>.hyp.txt``) and then the result ``result_path``, each atomically, so that a
-    result always has its hypotheses; return the result. ``system``, ``setup`` and ``seed`` default to the run
-    record ``run``'s, then to the checkpoint's; ``test_set`` to the subset's name."""
+    """Translate the test set ``inputs`` with ``checkpoint`` (``generation``: beam, lenpen, max_len_a, max_len_b and any
+    model_overrides, recorded in the result; ``device``: :func:`generate_command`'s max_tokens, batch_size, cpu, fp16),
+    score it against ``references``, write the hypotheses (``<stem>.hyp.txt``) and then the result ``result_path``, each
+    atomically, so that a result always has its hypotheses; return the result. ``system``, ``setup`` and ``seed``
+    default to the run record ``run``'s, then to the checkpoint's; ``test_set`` to the subset's name."""
     run = run or {}
     info = checkpoint_info(checkpoint, inputs.data_bin)
     target_lang = inputs.target_lang or info.target_lang

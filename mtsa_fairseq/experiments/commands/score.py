@@ -146,7 +146,7 @@ def _main() -> None:
     print(f"sacreBLEU lowercased {bleu['sacrebleu_lc']:.2f}")
     print(f"tokenized compound-split BLEU {bleu['tokenized_compound_split']:.2f}")
     print(f"t2t intl BLEU (cased) {bleu['t2t_intl']:.2f}")
-    print(f"wrote {args.result} and {args.result.with_name(args.result.stem + '.hyp.txt')}")
+    print(f"wrote {args.result} and {scoring.result_file(result, 'hypotheses', args.result)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The launcher (mtsa_fairseq/experiments/translation/launch.py and plan.py) through scripts/train_seeds.py, and
 scripts/average_checkpoints.py, on a tiny synthetic corpus, through fairseq's CLIs."""
 
+import argparse
 import json
 import os
 import re
@@ -18,8 +19,9 @@ from fairseq.data import Dictionary, data_utils
 from process_helpers import trainer_list_is, trainers_on, wait_for
 
 import mtsa_fairseq.plugin  # noqa: F401  (fairseq's checkpoint loader below needs the plugin, as users' code does)
+from mtsa_fairseq import checkpoint_safety
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
-from mtsa_fairseq.contracts import read_run
+from mtsa_fairseq.contracts import RUN_SCHEMA, read_run
 from mtsa_fairseq.experiments.errors import LaunchError
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.runs import checkpoint_updates, mean_train_wps, session, write_run
@@ -444,6 +446,44 @@ def test_slurm_job_resumes_after_preemption(corpus, tmp_path):
     log = (run.run_dir / "train.log").read_text()
     assert f"@ {record['resumed_from_updates']} updates)" in log
     assert not (run.run_dir / ".lock").exists()
+
+
+@pytest.mark.parametrize("read", ["finished check", "resume point"])
+def test_slurm_warning_out_of_requeues_while_a_checkpoint_is_read(read, tmp_path, monkeypatch):
+    """Out of requeues, submitit's handler for the time-limit warning (SIGUSR2) records the run and raises
+    UncompletedJobError, a RuntimeError. Arriving while the job reads a checkpoint (is it finished? where to resume?),
+    it must not pass for an unreadable file: run.json says failed, checkpoint_last.pt stays and fairseq never starts."""
+    from submitit.core.utils import UncompletedJobError
+
+    run_dir = tmp_path / "seed1"
+    run_dir.mkdir()
+    torch.save({"optimizer_history": [{"num_updates": 7}]}, run_dir / "checkpoint_last.pt")
+    write_run(run_dir, {"schema": RUN_SCHEMA, "status": "requeued", "max_update": 10})
+    job = slurm.SeedJob(run_dir, [sys.executable, "-c", "print('trained')"], {}, 10, "seed1", cpu=True)
+    monkeypatch.setattr(slurm.submitit, "JobEnvironment", lambda: argparse.Namespace(global_rank=0, job_id="42"))
+    reads, real_load = [], checkpoint_safety.load_checkpoint
+
+    def load(path):
+        reads.append(path)
+        if len(reads) == (1 if read == "finished check" else 2):
+            signal.raise_signal(signal.SIGUSR2)
+        return real_load(path)
+
+    def no_requeue_left(signum, frame):  # submitit's checkpoint_and_try_requeue, countdown below 0
+        job.checkpoint()
+        raise UncompletedJobError("Job not requeued because: timed-out too many times.")
+
+    monkeypatch.setattr(checkpoint_safety, "load_checkpoint", load)
+    previous = signal.signal(signal.SIGUSR2, no_requeue_left)
+    try:
+        with pytest.raises(UncompletedJobError):
+            job()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    record = run_json(run_dir)
+    assert record["status"] == "failed" and "timed-out too many times" in record["error"], record
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint_last.pt", "run.json"]
+    assert checkpoint_updates(run_dir / "checkpoint_last.pt") == 7
 
 
 @pytest.mark.parametrize("case, message", [

@@ -120,16 +120,15 @@ def terminate_on_sigterm() -> None:
 
 
 @contextlib.contextmanager
-def interruptions_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back for the block (in the main thread), so that a record written on the way out of
-    an interruption is whole when a second one arrives meanwhile (Ctrl-C twice); a held signal is delivered when the
+def interruptions_held(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold ``signums`` back for the block (in the main thread), so that a record written on the way out of an
+    interruption is whole when a second one arrives meanwhile (Ctrl-C twice); a held signal is delivered when the
     block ends, to the handler that was in place."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: held.append(signum))
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, lambda signum, frame: held.append(signum)) for signum in signums}
     try:
         yield
     finally:

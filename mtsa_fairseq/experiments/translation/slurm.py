@@ -4,6 +4,7 @@ recorded ``requeued`` is trusted only after asking Slurm (:func:`job_state`) wha
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import signal
 import subprocess
@@ -14,8 +15,8 @@ import submitit
 from submitit.core.utils import DelayedSubmission, UncompletedJobError
 
 from mtsa_fairseq.experiments.errors import LaunchError
-from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, run_logged, to_stderr
-from mtsa_fairseq.experiments.runs import checkpoint_updates, close_session, finish_session, session
+from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, interruptions_held, run_logged, to_stderr
+from mtsa_fairseq.experiments.runs import checkpoint_updates, close_session, finish_session, previous_run, session
 from mtsa_fairseq.experiments.translation.plan import SLURM_SIGNAL_DELAY_S, Plan, SeedRun
 
 # Slurm job states (squeue(1), "JOB STATE CODES") in which the job may still run: a launcher must not submit
@@ -26,7 +27,9 @@ LIVE_STATES = frozenset({
 })
 _QUERY_TIMEOUT_S = 60
 # Slurm sends the time-limit warning to every process of the job step, fairseq-train included, whose default
-# action for it is to die: fairseq-train ignores it, so that submitit's handler in the launcher decides.
+# action for it is to die: fairseq-train ignores it, so that submitit's handler in the launcher decides. The launcher
+# holds it while it reads checkpoints: out of requeues, the handler raises UncompletedJobError, a RuntimeError, which
+# a checkpoint reader would take for an unreadable file (training on past the limit, checkpoint_last.pt moved aside).
 _LAUNCHER_SIGNALS = (signal.SIGUSR2,)
 
 
@@ -40,14 +43,13 @@ class SeedJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> int:
         """Train (task 0 under the run's lock, recording run.json); returns fairseq's exit status (0)."""
-        job, output, peak_mb = submitit.JobEnvironment(), "", None
-        if (checkpoint_updates(self.run_dir / "checkpoint_last.pt") or 0) >= self.max_update:
-            returncode = 0  # finished before a requeue: every task sees the same checkpoint and skips fairseq
-        elif job.global_rank != 0:
-            returncode = run_logged(self.command, None, self.env, ignored=_LAUNCHER_SIGNALS)[0]
-        else:
-            with RunLock(self.run_dir / ".lock", f"run {self.run_dir}").acquire(LaunchError) as lock:
-                returncode, peak_mb, output = self._train(lock, job.job_id)
+        job = submitit.JobEnvironment()
+        try:
+            returncode, peak_mb, output = self._train(job)
+        except UncompletedJobError as err:  # submitit's signal handler: out of requeues (--slurm-requeues)
+            if (previous_run(self.run_dir) or {}).get("status") != "done":
+                close_session(self.run_dir, "failed", error=f"Slurm job {job.job_id}: {err}")
+            raise
         if job.global_rank != 0:
             if returncode != 0:
                 raise LaunchError(f"{self.run_dir}: fairseq-train exited with {returncode}")
@@ -61,19 +63,30 @@ class SeedJob(submitit.helpers.Checkpointable):
             raise LaunchError(f"{self.run_dir}: {record['error']}")
         return returncode
 
-    def _train(self, lock: RunLock, job_id: str) -> tuple[int, float, str]:
-        try:
-            with session(self.run_dir, None, self.label, to_stderr, self.cpu, slurm_job=job_id) as started:
-                progress = UpdateProgress(self.label, self.max_update, started.resumed_from, write=to_stderr)
-                return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,
-                                  ignored=_LAUNCHER_SIGNALS)
-        except UncompletedJobError as err:  # submitit's signal handler: out of requeues (--slurm-requeues)
-            close_session(self.run_dir, "failed", error=f"Slurm job {job_id}: {err}")
-            raise
+    def _train(self, job: submitit.JobEnvironment) -> tuple[int, float | None, str]:
+        """fairseq-train's exit status, peak memory in MB and output; (0, None, "") for a finished checkpoint, which
+        every task sees and skips fairseq for. Task 0 holds the run's lock and records the session."""
+        with contextlib.ExitStack() as stack:
+            with interruptions_held(_LAUNCHER_SIGNALS):
+                finished = (checkpoint_updates(self.run_dir / "checkpoint_last.pt") or 0) >= self.max_update
+                if not finished and job.global_rank == 0:
+                    lock = stack.enter_context(RunLock(self.run_dir / ".lock", f"run {self.run_dir}")
+                                               .acquire(LaunchError))
+                    started = stack.enter_context(session(self.run_dir, None, self.label, to_stderr, self.cpu,
+                                                          slurm_job=job.job_id))
+            if finished:
+                return 0, None, ""
+            if job.global_rank != 0:
+                return run_logged(self.command, None, self.env, ignored=_LAUNCHER_SIGNALS)
+            progress = UpdateProgress(self.label, self.max_update, started.resumed_from, write=to_stderr)
+            return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,
+                              ignored=_LAUNCHER_SIGNALS)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
-        """Called by submitit on a timeout or a preemption: mark the run requeued; the same job resumes it."""
-        close_session(self.run_dir, "requeued")
+        """Called by submitit on a timeout or a preemption: mark the running session requeued; the same job
+        resumes it."""
+        if (previous_run(self.run_dir) or {}).get("status") == "running":
+            close_session(self.run_dir, "requeued")
         return super().checkpoint(*args, **kwargs)
 
 

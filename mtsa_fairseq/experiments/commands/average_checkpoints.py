@@ -32,8 +32,10 @@ def _main() -> None:
 
     count = args.num_update_checkpoints if args.num_update_checkpoints is not None else args.num_epoch_checkpoints
     if count is not None:
-        if len(args.inputs) != 1 or not args.inputs[0].is_dir():
+        if len(args.inputs) != 1:
             parser.error("--num-update-checkpoints/--num-epoch-checkpoints need exactly one directory in --inputs")
+        if not args.inputs[0].is_dir():
+            parser.error(f"--inputs: {args.inputs[0]} is not a directory")
         if count < 1:
             parser.error("the number of checkpoints to average must be >= 1")
     else:

@@ -133,17 +133,19 @@ def test_cancelled_running_job_is_recorded_and_resubmitted(cluster, corpus, tmp_
 
 def test_time_limit_requeues_then_runs_out_of_requeues(cluster, corpus, tmp_path):  # noqa: F811
     """Slurm's warning before the time limit (USR2, 90 s ahead): requeued and resumed once, then, out of requeues,
-    the run is recorded failed and a rerun resubmits it. The limit is shortened to 2 minutes once training runs,
-    so each warning comes after about 30 s instead of 90."""
+    the run is recorded failed and a rerun resubmits it. Once each session trains, the limit is shortened to 2
+    minutes, so that its warning comes after about 30 s instead of 90 (and never before the session starts)."""
     config, runs = config_for(tmp_path, updates=100_000), tmp_path / "runs"
     run_dir = runs / "tiny" / "seed1"
     job = submitted_job(submit(config, corpus / "prepared", runs, "--slurm-time", "3", "--slurm-requeues", "1"))
     wait_for(lambda: trained_some(run_dir), "5 updates")
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True)
     wait_for(lambda: record(run_dir)["status"] == "requeued", "the time-limit requeue", timeout=300)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=3"], check=True)
     wait_for(lambda: record(run_dir)["status"] != "requeued", "the requeued job to start", timeout=300)
     resumed = record(run_dir)
     assert resumed["status"] == "running" and resumed["resumed_from_updates"] >= 5, resumed
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], check=True)
     wait_for(lambda: record(run_dir)["status"] not in ("running", "requeued"), "the second warning", timeout=300)
     out_of_requeues = record(run_dir)  # submitit checkpoints first, then finds no requeue left
     assert out_of_requeues["status"] == "failed" and "timed-out too many times" in out_of_requeues["error"]

@@ -10,12 +10,12 @@ from pathlib import Path
 
 PLUGIN = {"checkpoint_safety", "contracts", "criterions", "models", "modules", "quiet_imports", "tasks"}
 PROBE = """
-import json, sys, importlib.util
+import json, sys
 import fairseq.criterions, fairseq.models.transformer, fairseq.tasks.translation
 before = {m.split(".")[0] for m in sys.modules}
 from fairseq import utils
 from argparse import Namespace
-utils.import_user_module(Namespace(user_dir=importlib.util.find_spec("mtsa_fairseq").submodule_search_locations[0]))
+utils.import_user_module(Namespace(user_dir=sys.argv[1]))
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
@@ -32,8 +32,13 @@ SHARED = {"checkpoint_average", "errors", "fairseq_train", "files", "plotting", 
           "tables"}
 
 
-def test_user_dir_loads_the_plugin_and_nothing_else():
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=1500, check=True)
+def test_user_dir_loads_the_plugin_and_nothing_else(tmp_path):
+    """From outside the checkout, with the directory ``python -m mtsa_fairseq`` prints (the README's way)."""
+    user_dir = subprocess.run([sys.executable, "-m", "mtsa_fairseq"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300, check=True).stdout.strip()
+    assert user_dir == str(Path(__file__).resolve().parents[1] / "mtsa_fairseq")
+    proc = subprocess.run([sys.executable, "-c", PROBE, user_dir], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1500, check=True)
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded["new"] == ["mtsa_fairseq"]
     outside = [m for m in loaded["ours"] if m.split(".")[1] not in PLUGIN]

@@ -53,12 +53,14 @@ def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     return venv, work, env
 
 
-def test_the_wheel_holds_the_configs_and_imports_outside_the_checkout(installed):
+def test_the_wheel_holds_the_configs_and_imports_and_gives_its_user_dir_outside_the_checkout(installed):
     venv, work, env = installed
     where = _run(venv / "bin/python", "-c", "import mtsa_fairseq.experiments as e; print(e.__file__); "
                  "print(sorted(p.name for p in e.CONFIGS.glob('*.yaml')))", cwd=work, env=env).splitlines()
     assert where[0].startswith(str(venv)) and not where[0].startswith(str(ROOT))
     assert ast.literal_eval(where[1]) == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+    site = next((venv / "lib").glob("python*/site-packages"))
+    assert _run(venv / "bin/python", "-m", "mtsa_fairseq", cwd=work, env=env).strip() == str(site / "mtsa_fairseq")
 
 
 def test_every_console_entry_point_answers_help(installed):

@@ -36,7 +36,7 @@ def test_user_dir_loads_the_plugin_and_nothing_else(tmp_path):
     """From outside the checkout, with the directory ``python -m mtsa_fairseq`` prints (the README's way)."""
     user_dir = subprocess.run([sys.executable, "-m", "mtsa_fairseq"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300, check=True).stdout.strip()
-    assert user_dir == str(Path(__file__).resolve().parents[1] / "mtsa_fairseq")
+    assert user_dir == str(EXPERIMENTS.parent)
     proc = subprocess.run([sys.executable, "-c", PROBE, user_dir], cwd=tmp_path, capture_output=True, text=True,
                           timeout=1500, check=True)
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])

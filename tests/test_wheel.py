@@ -24,6 +24,10 @@ def _commands() -> list[str]:
     return [f"mtsa-{name.replace('_', '-')}" for name in ast.literal_eval(node.value)]
 
 
+def _site_packages(venv: Path) -> Path:
+    return next((venv / "lib").glob("python*/site-packages"))
+
+
 def _run(*cmd, cwd: Path | None = None, env: dict | None = None) -> str:
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, env=env, timeout=1800)
     assert proc.returncode == 0, f"{cmd[:3]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -43,7 +47,7 @@ def installed(tmp_path_factory) -> tuple[Path, Path, dict]:
     # share this environment's packages (torch, fairseq, tqdm, ...), not the base interpreter's: a .pth line adds
     # the directory as it is, without running its .pth files (this checkout's editable install stays out)
     shared = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    (next((venv / "lib").glob("python*/site-packages")) / "shared_environment.pth").write_text("\n".join(shared) + "\n")
+    (_site_packages(venv) / "shared_environment.pth").write_text("\n".join(shared) + "\n")
     _run(venv / "bin/python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", *(root / "wheels").glob("*.whl"),
          env=env)
     work = root / "work"
@@ -59,8 +63,8 @@ def test_the_wheel_holds_the_configs_and_imports_and_gives_its_user_dir_outside_
                  "print(sorted(p.name for p in e.CONFIGS.glob('*.yaml')))", cwd=work, env=env).splitlines()
     assert where[0].startswith(str(venv)) and not where[0].startswith(str(ROOT))
     assert ast.literal_eval(where[1]) == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
-    site = next((venv / "lib").glob("python*/site-packages"))
-    assert _run(venv / "bin/python", "-m", "mtsa_fairseq", cwd=work, env=env).strip() == str(site / "mtsa_fairseq")
+    assert _run(venv / "bin/python", "-m", "mtsa_fairseq", cwd=work, env=env).strip() == str(
+        _site_packages(venv) / "mtsa_fairseq")
 
 
 def test_every_console_entry_point_answers_help(installed):
@@ -78,7 +82,7 @@ def test_the_demo_pipeline_trains_from_the_wheel(installed):
     records = [read_run(p.parent) for p in sorted((work / "demo/runs").glob("*/seed*/run.json"))]
     assert [(r["system"], r["seed"], r["status"], r["num_updates"]) for r in records] == [
         (system, seed, "done", 3) for system in ("mtsa", "transformer") for seed in (1, 2)]
-    site = next((venv / "lib").glob("python*/site-packages"))
+    site = _site_packages(venv)
     for record in records:
         assert record["command"][record["command"].index("--user-dir") + 1] == str(site / "mtsa_fairseq")
         assert record["config_path"].startswith(str(site / "mtsa_fairseq/experiments/configs"))

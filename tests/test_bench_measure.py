@@ -16,8 +16,10 @@ from mtsa_fairseq.experiments.bench.measure import (
     CellFailed,
     can_measure,
     check_positive,
+    device_name,
     emit,
     peak_growth_mb,
+    processor_name,
     run_isolated,
     timed_rounds,
 )
@@ -118,3 +120,14 @@ def test_check_positive_refuses_integers_below_one():
         with pytest.raises(SystemExit) as exc:
             check_positive(parser, parser.parse_args(argv))
         assert exc.value.code == 2
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads Linux's /proc/cpuinfo")
+def test_a_cpu_record_names_the_cpu_model():
+    """Benchmark records name the CPU model, so that figures from different machines are told apart."""
+    models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+              if line.startswith("model name")]
+    if not models:
+        pytest.skip("this /proc/cpuinfo names no model")
+    assert processor_name("cpu") == models[0]
+    assert device_name("cpu") == f"{models[0]}, {torch.get_num_threads()} threads"

@@ -16,7 +16,6 @@ runs in a fresh subprocess (time: the median of ``--repeats`` passes after a war
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from pathlib import Path
 
@@ -116,8 +115,7 @@ def run(args: argparse.Namespace, script: Path) -> None:
     """Each (method, length) by ``script --one``; the table written to ``--markdown`` per length, then printed."""
     import torch
 
-    where = measure.device_name(args.device) if args.device.startswith("cuda") else (
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    where = measure.device_name(args.device)
     what = (f"attention cores alone on [B, H, L, {args.dim // args.heads}] tensors, no padding" if args.core
             else f"d_model {args.dim}")
     meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, {what}, "

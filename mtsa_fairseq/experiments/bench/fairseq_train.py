@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtsa_fairseq.experiments.bench.measure import status_kb, synchronize
+from mtsa_fairseq.experiments.bench.measure import processor_name, status_kb, synchronize
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.tables import markdown_table
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace, script: Path) -> None:
     import torch
     from fairseq import __version__ as fairseq_version
 
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    device = processor_name(args.device)
     settings = (f"{device}, torch {torch.__version__}, fairseq {fairseq_version}: fairseq-train "
                 f"{'in float32' if args.precision == 'fp32' else '--' + args.precision}, "
                 f"{args.updates} updates per run (throughput over updates {args.skip_updates + 1}-{args.updates}), "

@@ -181,13 +181,26 @@ def median_ms(seconds: dict[str, list[float]]) -> dict[str, float]:
     return {name: 1000 * statistics.median(values) for name, values in seconds.items()}
 
 
-def device_name(device: str) -> str:
-    """The GPU model, or the CPU architecture and torch's thread count."""
+def processor_name(device: str) -> str:
+    """The GPU model, or the CPU model as Linux's /proc/cpuinfo names it (elsewhere the architecture)."""
     import torch
 
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    except OSError:
+        models = []
+    return models[0] if models else f"{platform.processor() or platform.machine()} CPU"
+
+
+def device_name(device: str) -> str:
+    """The GPU model, or the CPU model and torch's thread count."""
+    import torch
+
+    name = processor_name(device)
+    return name if device.startswith("cuda") else f"{name}, {torch.get_num_threads()} threads"
 
 
 def progress(done: int, total: int, start: float) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from mtsa_fairseq.experiments.bench import transformer as bench_transformer
 from mtsa_fairseq.experiments.bench.fairseq_train import runs_table as fairseq_train_table
 from mtsa_fairseq.experiments.commands import docs_tables
 from mtsa_fairseq.experiments.sentence import lr_search
@@ -32,7 +33,8 @@ DOC = ROOT / "docs" / "results-sentence.md"
     ("docs/results-sentence.md", 19), ("docs/results-sentence-earlier.md", 16), ("docs/results-multi30k.md", 8),
     # the per-run tables of the chosen-rate studies without folds live beside their records
     ("results/sentence/trec-chosen-lr/CHRONICLE.md", 1), ("results/sentence/sst5-chosen-lr/CHRONICLE.md", 1),
-    ("results/sentence/sick/CHRONICLE.md", 3), ("docs/benchmark-gpu.md", 4), ("docs/benchmark-launches.md", 1)])
+    ("results/sentence/sick/CHRONICLE.md", 3), ("docs/benchmark-gpu.md", 4), ("docs/benchmark-launches.md", 1),
+    ("docs/benchmark-transformer.md", 2), ("docs/benchmark-encoders.md", 2)])
 def test_the_results_tables_equal_their_reports(name, tables):
     doc = ROOT / name
     text, changed = render(doc, docs_tables.KINDS)
@@ -92,6 +94,7 @@ def test_check_names_a_stale_table_and_a_rewrite_fixes_it(tmp_path, monkeypatch,
     ("<!-- table r.json anchor value=1 label=CNN n=3.5 -->\n<!-- /table -->\n",
      "n= must be a whole number of test items, not '3.5'"),
     ("<!-- table r.json study margin=wide -->\n<!-- /table -->\n", "margin= must be a number, not 'wide'"),
+    ("<!-- table r.json bench part=one -->\n<!-- /table -->\n", "part= must be a whole number, not 'one'"),
 ])
 def test_a_broken_marker_is_one_line_naming_the_place(tmp_path, monkeypatch, capsys, marker, message):
     (tmp_path / "r.json").write_text(json.dumps(_report(300)))
@@ -414,3 +417,18 @@ def test_help_lists_every_table_kind(monkeypatch, capsys):
     assert _run(monkeypatch, "--help") == 0
     listed = capsys.readouterr().out.split("table kinds:\n")[1]
     assert [line.split()[0] for line in listed.splitlines() if not line.startswith(" " * 17)] == list(docs_tables.KINDS)
+
+
+def test_a_benchmark_table_is_what_its_command_prints(tmp_path, monkeypatch, capsys):
+    """A bench table is table part=N of the benchmark's own printout of its record; a part it does not print is
+    one line naming the place."""
+    record = ROOT / "results" / "benchmarks" / "transformer.json"
+    printed = [block for block in bench_transformer.markdown(json.loads(record.read_text())).split("\n\n")
+               if block.startswith("|")]
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"<!-- table {record} bench part=2 -->\n<!-- /table -->\n")
+    _run(monkeypatch, str(doc))
+    assert doc.read_text().splitlines()[1:-1] == printed[1].splitlines()
+    doc.write_text(f"<!-- table {record} bench part=3 -->\n<!-- /table -->\n")
+    code = _run(monkeypatch, str(doc))
+    assert f"{doc}:1: " in str(code) and "part=3: this record prints 2 tables" in str(code)

@@ -38,6 +38,18 @@ def launches_table(report: dict, names: dict[str, str]) -> list[str]:
     return launches_table(report, names)
 
 
+def bench_table(report: dict, names: dict[str, str], part: int = 1) -> list[str]:
+    """Table ``part`` (from 1) of what mtsa-bench-encoders or mtsa-bench-transformer prints for ``report``, its JSON
+    record (imported here: their modules import torch)."""
+    from mtsa_fairseq.experiments.bench import encoders, transformer
+
+    markdown = encoders.markdown if "encoders" in report else transformer.markdown
+    tables = [block for block in markdown(report).split("\n\n") if block.startswith("|")]
+    if not 1 <= part <= len(tables):
+        raise ValueError(f"part={part}: this record prints {len(tables)} tables")
+    return tables[part - 1].splitlines()
+
+
 METRIC = Option("metric")  # another metric of the report, e.g. spearman or mse on SICK
 KINDS = {  # kind -> its table function, options and help
     "summary": Kind(summary_table, {"metric": METRIC}, "a sentence report.json: per architecture the metric per "
@@ -65,6 +77,9 @@ KINDS = {  # kind -> its table function, options and help
     "fairseq-train": Kind(fairseq_train_table, help="an mtsa-bench-fairseq-train result: tokens per second of "
                           "every run, medians, ratios"),
     "launches": Kind(launches_table, help="an mtsa-bench-launches result: operators, host synchronisations, time"),
+    "bench": Kind(bench_table, {"part": Option("part", int, "a whole number")},
+                  "an mtsa-bench-encoders or mtsa-bench-transformer record: table part=N (default 1) of what the "
+                  "command prints"),
 }
 
 

@@ -12,6 +12,7 @@ dropout ``--dropout`` before every dense layer and embeddings as in reference §
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ from ..modules import (
 from ..modules.per_head import ACTIVATIONS, activation, glorot_
 from ..modules.word_embedding import OOV_INITS, WordEmbedding, read_vectors
 from .options import Option, apply_defaults
+
+if TYPE_CHECKING:
+    from fairseq.tasks import FairseqTask
 
 ENCODERS = ("mtsa", "disan", "disan_undirected", "stacked_mtsa", "bilstm", "multi_cnn", "hrchy_cnn", "multi_head",
             "multi_head_proj")
@@ -159,7 +163,7 @@ class SentenceEncoderModel(BaseFairseqModel):
             option.add_to(parser)
 
     @classmethod
-    def build_model(cls, args: argparse.Namespace, task) -> SentenceEncoderModel:
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> SentenceEncoderModel:
         sentence_encoder_base(args)
         dictionary = task.source_dictionary
         words = [dictionary[i] for i in range(len(dictionary))]

@@ -6,7 +6,7 @@ its hooks (``build_encoder``/``build_decoder``, ``build_encoder_layer``/``build_
 from __future__ import annotations
 
 from argparse import ArgumentParser, Namespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from fairseq.distributed import fsdp_wrap
@@ -21,6 +21,9 @@ from ..modules.mtsa_attention import S2T_ACTIVATIONS, S2T_INPUTS, MTSAMultiheadA
 from ..modules.mtsa_core import EXP_KERNELS, SharedPass
 from ..modules.per_head import ACTIVATIONS
 from .options import Option, apply_defaults, option_value
+
+if TYPE_CHECKING:
+    from fairseq.data import Dictionary
 
 # The defaults are what the authors ran (reference §1.3, §1.4: Setup 2).
 MTSA_OPTIONS = (
@@ -228,11 +231,11 @@ class TransformerMTSAModel(TransformerModel):
             option.add_to(group)
 
     @classmethod
-    def build_encoder(cls, args: Namespace, src_dict, embed_tokens) -> TransformerEncoder:
+    def build_encoder(cls, args: Namespace, src_dict: Dictionary, embed_tokens: nn.Embedding) -> TransformerEncoder:
         return TransformerMTSAEncoder(args, src_dict, embed_tokens)
 
     @classmethod
-    def build_decoder(cls, args: Namespace, tgt_dict, embed_tokens) -> TransformerDecoder:
+    def build_decoder(cls, args: Namespace, tgt_dict: Dictionary, embed_tokens: nn.Embedding) -> TransformerDecoder:
         return TransformerMTSADecoder(
             args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
         )

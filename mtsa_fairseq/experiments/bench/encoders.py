@@ -14,18 +14,22 @@ import json
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_json
 from mtsa_fairseq.experiments.plotting import pyplot, save_figure
 from mtsa_fairseq.experiments.tables import markdown_table
 
+if TYPE_CHECKING:
+    from torch import nn
+
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
             "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
 OOM = "OOM"
 
 
-def build(arch: str, dim: int):
+def build(arch: str, dim: int) -> nn.Module:
     """The encoder of ``--arch arch`` with ``--embed-dim dim`` and no dropout: ``[B, L, dim] -> [B, out]``."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
 

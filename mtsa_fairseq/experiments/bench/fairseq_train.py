@@ -28,11 +28,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtsa_fairseq.experiments.bench.measure import processor_name, status_kb, synchronize
 from mtsa_fairseq.experiments.fairseq_train import USER_DIR
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.tables import markdown_table
+
+if TYPE_CHECKING:
+    import torch
 
 ARCHS = ("transformer_wmt_en_de", "transformer_mtsa_wmt_en_de")
 # the Transformer paper's base recipe as fairseq's WMT14 example trains it (optimiser, schedule, criterion)
@@ -161,7 +165,8 @@ def profile_updates(first: int, last: int, report: Path, cuda: bool) -> None:
     Trainer.train_step = profiled
 
 
-def profile_report(kernels, host: cProfile.Profile, wall: float, inside: float, updates: int) -> str:
+def profile_report(kernels: torch.profiler.profile, host: cProfile.Profile, wall: float, inside: float,
+                   updates: int) -> str:
     """A ``--profile`` report: per-update times and counts, then the torch.profiler and cProfile tables."""
     events = kernels.key_averages()
     # kernels only: fairseq's record_function ranges also appear on the GPU timeline, as user annotations

@@ -46,7 +46,7 @@ class OperatorCount(TorchDispatchMode):
         self.operators: Counter[str] = Counter()
         self.syncs: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: tuple, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = func.overloadpacket.__name__
         if name in SYNCHRONISING:
             self.syncs[name] += 1

@@ -19,17 +19,23 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtsa_fairseq.experiments.bench import measure
 from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.plotting import pyplot, save_figure
 from mtsa_fairseq.experiments.tables import markdown_table
 
+if TYPE_CHECKING:
+    from fairseq.criterions import FairseqCriterion
+    from fairseq.models import FairseqEncoderDecoderModel
+
 MODELS = {"transformer": "transformer_wmt_en_de", "mtsa": "transformer_mtsa_wmt_en_de"}
 LONGEST_SENTENCE = 100  # training sentences' lengths are drawn in [4, 100]
 
 
-def build_model(arch: str, vocab: int, device: str, dtype: str, kernel: str = "auto"):
+def build_model(arch: str, vocab: int, device: str, dtype: str,
+                kernel: str = "auto") -> tuple[FairseqEncoderDecoderModel, FairseqCriterion]:
     """The model of ``arch`` (its MTSA layers on ``kernel``) and its criterion, built through fairseq's own parser,
     arch defaults and translation task over a synthetic joined dictionary of ``vocab`` entries."""
     import torch

@@ -183,9 +183,9 @@ def median_ms(seconds: dict[str, list[float]]) -> dict[str, float]:
 
 def processor_name(device: str) -> str:
     """The GPU model, or the CPU model as Linux's /proc/cpuinfo names it (elsewhere the architecture)."""
-    import torch
-
     if device.startswith("cuda"):
+        import torch
+
         return torch.cuda.get_device_name(torch.device(device))
     try:
         with open("/proc/cpuinfo") as cpuinfo:

@@ -94,7 +94,7 @@ def test_check_names_a_stale_table_and_a_rewrite_fixes_it(tmp_path, monkeypatch,
     ("<!-- table r.json anchor value=1 label=CNN n=3.5 -->\n<!-- /table -->\n",
      "n= must be a whole number of test items, not '3.5'"),
     ("<!-- table r.json study margin=wide -->\n<!-- /table -->\n", "margin= must be a number, not 'wide'"),
-    ("<!-- table r.json bench part=one -->\n<!-- /table -->\n", "part= must be a whole number, not 'one'"),
+    ("<!-- table r.json bench-encoders part=one -->\n<!-- /table -->\n", "part= must be a whole number, not 'one'"),
 ])
 def test_a_broken_marker_is_one_line_naming_the_place(tmp_path, monkeypatch, capsys, marker, message):
     (tmp_path / "r.json").write_text(json.dumps(_report(300)))
@@ -426,9 +426,9 @@ def test_a_benchmark_table_is_what_its_command_prints(tmp_path, monkeypatch, cap
     printed = [block for block in bench_transformer.markdown(json.loads(record.read_text())).split("\n\n")
                if block.startswith("|")]
     doc = tmp_path / "doc.md"
-    doc.write_text(f"<!-- table {record} bench part=2 -->\n<!-- /table -->\n")
+    doc.write_text(f"<!-- table {record} bench-transformer part=2 -->\n<!-- /table -->\n")
     _run(monkeypatch, str(doc))
     assert doc.read_text().splitlines()[1:-1] == printed[1].splitlines()
-    doc.write_text(f"<!-- table {record} bench part=3 -->\n<!-- /table -->\n")
+    doc.write_text(f"<!-- table {record} bench-transformer part=3 -->\n<!-- /table -->\n")
     code = _run(monkeypatch, str(doc))
     assert f"{doc}:1: " in str(code) and "part=3: this record prints 2 tables" in str(code)

@@ -287,7 +287,7 @@ def _times_elsewhere(args: argparse.Namespace, script: Path, argv: list[str], ro
     """Time the rows again in ``args.processes - 1`` fresh processes (``script`` with this process's ``argv`` and
     ``--times-only``), one after another: each row's ``ms_per_process`` (this process's first), its ``ms`` their
     median. Each process counts before it times, as this one did, so that all time under the same conditions."""
-    times = [{_cell(row): row["ms"] for row in rows}]
+    times = [_times(rows)]
     for process in range(2, args.processes + 1):
         times.append(isolated(script, [*argv, "--times-only"], f"process {process}"))
         if times[-1].keys() != times[0].keys():
@@ -296,6 +296,11 @@ def _times_elsewhere(args: argparse.Namespace, script: Path, argv: list[str], ro
     for row in rows:
         row["ms_per_process"] = [per_process[_cell(row)] for per_process in times]
         row["ms"] = statistics.median(row["ms_per_process"])
+
+
+def _times(rows: list[dict]) -> dict[str, float]:
+    """Each row's time in ms by its cell (what ``--times-only`` prints)."""
+    return {_cell(row): row["ms"] for row in rows}
 
 
 def _time_ratio(row: dict, ref: dict) -> str:
@@ -316,7 +321,7 @@ def run(args: argparse.Namespace, script: Path, argv: list[str]) -> None:
         torch.set_num_threads(args.threads)
     rows = measure(args)
     if args.times_only:
-        emit({_cell(row): row["ms"] for row in rows})
+        emit(_times(rows))
         return
     if args.processes > 1:
         _times_elsewhere(args, script, argv, rows)

@@ -11,8 +11,10 @@ shows architecture (or run) OPTION as VALUE.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from mtsa_fairseq.experiments.bench.fairseq_train import runs_table as fairseq_train_table
@@ -38,16 +40,18 @@ def launches_table(report: dict, names: dict[str, str]) -> list[str]:
     return launches_table(report, names)
 
 
-def bench_table(report: dict, names: dict[str, str], part: int = 1) -> list[str]:
-    """Table ``part`` (from 1) of what mtsa-bench-encoders or mtsa-bench-transformer prints for ``report``, its JSON
-    record (imported here: their modules import torch)."""
-    from mtsa_fairseq.experiments.bench import encoders, transformer
+def _printed_table(benchmark: str) -> Callable[..., list[str]]:
+    """The table kind of mtsa-bench-BENCHMARK: table ``part`` (from 1) of what the command prints for its JSON record
+    (the module is imported when a table is made: it imports torch)."""
 
-    markdown = encoders.markdown if "encoders" in report else transformer.markdown
-    tables = [block for block in markdown(report).split("\n\n") if block.startswith("|")]
-    if not 1 <= part <= len(tables):
-        raise ValueError(f"part={part}: this record prints {len(tables)} tables")
-    return tables[part - 1].splitlines()
+    def table(report: dict, names: dict[str, str], part: int = 1) -> list[str]:
+        module = importlib.import_module(f"mtsa_fairseq.experiments.bench.{benchmark}")
+        tables = [block for block in module.markdown(report).split("\n\n") if block.startswith("|")]
+        if not 1 <= part <= len(tables):
+            raise ValueError(f"part={part}: this record prints {len(tables)} tables")
+        return tables[part - 1].splitlines()
+
+    return table
 
 
 METRIC = Option("metric")  # another metric of the report, e.g. spearman or mse on SICK
@@ -77,14 +81,14 @@ KINDS = {  # kind -> its table function, options and help
     "fairseq-train": Kind(fairseq_train_table, help="an mtsa-bench-fairseq-train result: tokens per second of "
                           "every run, medians, ratios"),
     "launches": Kind(launches_table, help="an mtsa-bench-launches result: operators, host synchronisations, time"),
-    "bench": Kind(bench_table, {"part": Option("part", int, "a whole number")},
-                  "an mtsa-bench-encoders or mtsa-bench-transformer record: table part=N (default 1) of what the "
-                  "command prints"),
+    **{f"bench-{benchmark}": Kind(_printed_table(benchmark), {"part": Option("part", int, "a whole number")},
+                                  f"an mtsa-bench-{benchmark} record: table part=N (default 1) of what the command "
+                                  "prints") for benchmark in ("encoders", "transformer")},
 }
 
 
 def _main() -> None:
-    kinds = "\n".join(textwrap.fill(kind.help, 110, initial_indent=f"  {name:<15}", subsequent_indent=" " * 17)
+    kinds = "\n".join(textwrap.fill(kind.help, 110, initial_indent=f"  {name:<19}", subsequent_indent=" " * 21)
                       for name, kind in KINDS.items())
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=f"table kinds:\n{kinds}")

@@ -47,7 +47,7 @@ class SeedJob(submitit.helpers.Checkpointable):
         try:
             returncode, peak_mb, output = self._train(job)
         except UncompletedJobError as err:  # submitit's signal handler: out of requeues (--slurm-requeues)
-            if (previous_run(self.run_dir) or {}).get("status") != "done":
+            if self._status() != "done":
                 close_session(self.run_dir, "failed", error=f"Slurm job {job.job_id}: {err}")
             raise
         if job.global_rank != 0:
@@ -82,10 +82,14 @@ class SeedJob(submitit.helpers.Checkpointable):
             return run_logged(self.command, self.run_dir / "train.log", self.env, lock, on_line=progress,
                               ignored=_LAUNCHER_SIGNALS)
 
+    def _status(self) -> str | None:
+        """The status run.json records, None without a readable one."""
+        return (previous_run(self.run_dir) or {}).get("status")
+
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
         """Called by submitit on a timeout or a preemption: mark the running session requeued; the same job
         resumes it."""
-        if (previous_run(self.run_dir) or {}).get("status") == "running":
+        if self._status() == "running":
             close_session(self.run_dir, "requeued")
         return super().checkpoint(*args, **kwargs)
 

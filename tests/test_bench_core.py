@@ -1,12 +1,15 @@
 """scripts/bench_core.py on the CPU at a tiny size: the table holds every (method, L) with its ratios, is written
-after every length, and an interrupted run keeps the lengths it measured."""
+after every length, and an interrupted run keeps the lengths it measured; the JSON record prints the same table."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from process_helpers import terminate_a_benchmark_once_it_wrote
+
+from mtsa_fairseq.experiments.commands.docs_tables import KINDS
 
 pytestmark = pytest.mark.slow  # every cell is a fresh process that imports torch and fairseq
 
@@ -15,15 +18,20 @@ TINY = ("--batch", "1", "--dim", "16", "--heads", "2", "--repeats", "1", "--meth
 
 
 def test_tiny_benchmark_writes_every_method_and_length(tmp_path):
-    out = tmp_path / "core.md"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--lengths", "8", "16", *TINY, "--markdown", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    out, record = tmp_path / "core.md", tmp_path / "core.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--lengths", "8", "16", *TINY, "--markdown", str(out),
+                           "--json", str(record)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
     assert text.startswith("torch ") and "float32, batch 1, d_model 16, 2 heads, forward+backward, median of 1" in text
     assert "| L | mtsa MB | mha MB | mtsa ms | mha ms | mtsa/mha mem | mtsa/mha time |" in text
     assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| 8 ") or line.startswith("| 16 ")] \
         == ["| 8", "| 16"]
+    report = json.loads(record.read_text())
+    assert [row["L"] for row in report["rows"]] == [8, 16] and report["methods"] == ["mtsa", "mha"]
+    assert report["rows"][1]["mha"]["ms"] > 0 and report["settings"]["lengths"] == [8, 16]
+    table = KINDS["bench-core"].table(report, {})
+    assert table == [line for line in text.splitlines() if line.startswith("|")]
 
 
 def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):

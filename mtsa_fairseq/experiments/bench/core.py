@@ -10,7 +10,8 @@
 
 With ``--core`` ``mtsa``, the ``mtsa-*`` kernels and ``mha-flash`` time ``mtsa_core`` and
 ``scaled_dot_product_attention`` alone on per-head ``[B, H, L, d]`` tensors without padding. Each (method, length)
-runs in a fresh subprocess (time: the median of ``--repeats`` passes after a warm-up one). Writes a Markdown table.
+runs in a fresh subprocess (time: the median of ``--repeats`` passes after a warm-up one). Writes a Markdown table
+(``--markdown``) and the raw numbers (``--json``, whose tables ``mtsa-docs-tables`` kind ``bench-core`` prints).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 from mtsa_fairseq.experiments.bench import measure
-from mtsa_fairseq.experiments.files import write_atomic
+from mtsa_fairseq.experiments.files import write_atomic, write_json
 from mtsa_fairseq.experiments.tables import markdown_table
 
 METHODS = ("mtsa", "mtsa-sdpa", "mtsa-sdpa-joint", "mtsa-dense", "mtsa-triton", "naive", "mha", "mha-flash")
@@ -112,7 +113,8 @@ def _core(method: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace, script: Path) -> None:
-    """Each (method, length) by ``script --one``; the table written to ``--markdown`` per length, then printed."""
+    """Each (method, length) by ``script --one``; ``--markdown`` and ``--json`` written after every length (an
+    interrupted run keeps the lengths measured), then the table printed."""
     import torch
 
     where = measure.device_name(args.device)
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace, script: Path) -> None:
             f"{args.heads} heads, forward+backward, median of {args.repeats}")
     options = ["--batch", str(args.batch), "--dim", str(args.dim), "--heads", str(args.heads), "--repeats",
                str(args.repeats), "--device", args.device, "--dtype", args.dtype] + (["--core"] if args.core else [])
-    rows = []
+    settings = {name: value for name, value in vars(args).items() if name not in ("json", "markdown", "one")}
+    result = {"settings": settings, "meta": meta, "methods": list(args.methods), "rows": []}
     start = time.monotonic()
     for done, length in enumerate(args.lengths, 1):
         row = {"L": length}
@@ -130,10 +133,22 @@ def run(args: argparse.Namespace, script: Path) -> None:
             row[method] = measure.isolated(script, ["--one", f"{method}:{length}", *options], f"{method} at L={length}")
             print(f"{measure.progress(done, len(args.lengths), start)} L={length:5d} {method:11s} "
                   f"peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms", flush=True)
-        rows.append(row)
-        if args.markdown:  # after every length: an interrupted run keeps the rows measured
-            write_atomic(args.markdown, f"{meta}\n\n{table(rows, args.methods)}\n")
-    print(table(rows, args.methods))
+        result["rows"].append(row)
+        if args.markdown:
+            write_atomic(args.markdown, markdown(result))
+        if args.json:
+            write_json(args.json, result, indent=2)
+    print(table(result["rows"], args.methods))
+
+
+def markdown(result: dict) -> str:
+    """The settings line and the table of a ``--json`` record (what ``--markdown`` writes)."""
+    return f"{result['meta']}\n\n{table(result['rows'], result['methods'])}\n"
+
+
+def _memory_ratio(peak_mb: float, base_mb: float) -> str:
+    """``peak_mb / base_mb``; "—" where either shows as 0.0 MB, below what the resident set resolves."""
+    return f"{peak_mb / base_mb:.2f}" if min(peak_mb, base_mb) >= 0.05 else "—"
 
 
 def table(rows: list[dict], methods: list[str]) -> str:
@@ -145,5 +160,5 @@ def table(rows: list[dict], methods: list[str]) -> str:
     header += [f"{m}/{base} mem" for m in ratio_cols] + [f"{m}/{base} time" for m in ratio_cols]
     return "\n".join(markdown_table(header, (
         [str(row["L"])] + [f"{row[m]['peak_mb']:.1f}" for m in methods] + [f"{row[m]['ms']:.1f}" for m in methods]
-        + [f"{row[m]['peak_mb'] / max(row[base]['peak_mb'], 1e-9):.2f}" for m in ratio_cols]
+        + [_memory_ratio(row[m]["peak_mb"], row[base]["peak_mb"]) for m in ratio_cols]
         + [f"{row[m]['ms'] / row[base]['ms']:.2f}" for m in ratio_cols] for row in rows)))

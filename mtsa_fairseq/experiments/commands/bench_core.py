@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", choices=core.METHODS,
                         help="default: mtsa naive mha on CPU; mtsa-sdpa mtsa-triton mha-flash mha on CUDA")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table (with a line of settings) here")
+    parser.add_argument("--json", type=Path, help="write the raw numbers here (after every length)")
     parser.add_argument("--core", action="store_true",
                         help="time the attention cores alone on per-head tensors (mtsa, the mtsa-* kernels and "
                              "mha-flash)")
@@ -39,7 +40,7 @@ def _main() -> None:
         method, length = args.one.split(":")
         measure.emit(core.pass_cost(method, int(length), args))
         return
-    measure.check_outputs(parser, args.markdown, what="--markdown directory")
+    measure.check_outputs(parser, args.markdown, args.json)
     measure.check_device(parser, args.device, memory=True)
     cuda = args.device.startswith("cuda")
     args.methods = args.methods or list(core.DEFAULT_METHODS["core" if args.core else "cuda" if cuda else "cpu"])

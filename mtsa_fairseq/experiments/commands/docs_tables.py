@@ -83,7 +83,7 @@ KINDS = {  # kind -> its table function, options and help
     "launches": Kind(launches_table, help="an mtsa-bench-launches result: operators, host synchronisations, time"),
     **{f"bench-{benchmark}": Kind(_printed_table(benchmark), {"part": Option("part", int, "a whole number")},
                                   f"an mtsa-bench-{benchmark} record: table part=N (default 1) of what the command "
-                                  "prints") for benchmark in ("encoders", "transformer")},
+                                  "prints") for benchmark in ("core", "encoders", "transformer")},
 }
 
 

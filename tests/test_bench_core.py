@@ -53,3 +53,13 @@ def test_the_cores_alone_on_the_cpu(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--core", "--methods", "naive"], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 2 and "--core takes only the methods mtsa, mtsa-sdpa" in proc.stderr
+
+
+def test_a_memory_ratio_below_what_the_resident_set_resolves_is_a_dash():
+    from mtsa_fairseq.experiments.bench.core import table
+
+    rows = [{"L": 16, "mtsa": {"peak_mb": 0.2, "ms": 2.0}, "mha": {"peak_mb": 0.0, "ms": 1.0}},
+            {"L": 32, "mtsa": {"peak_mb": 3.0, "ms": 3.0}, "mha": {"peak_mb": 1.5, "ms": 2.0}}]
+    lines = table(rows, ["mtsa", "mha"]).splitlines()
+    assert lines[2] == "| 16 | 0.2 | 0.0 | 2.0 | 1.0 | — | 2.00 |"
+    assert lines[3] == "| 32 | 3.0 | 1.5 | 3.0 | 2.0 | 2.00 | 1.50 |"

@@ -63,3 +63,20 @@ def test_a_memory_ratio_below_what_the_resident_set_resolves_is_a_dash():
     lines = table(rows, ["mtsa", "mha"]).splitlines()
     assert lines[2] == "| 16 | 0.2 | 0.0 | 2.0 | 1.0 | — | 2.00 |"
     assert lines[3] == "| 32 | 3.0 | 1.5 | 3.0 | 2.0 | 2.00 | 1.50 |"
+
+
+def test_the_methods_are_timed_in_one_process_in_turns(monkeypatch):
+    """pass_times takes every method's passes in one process through measure.timed_rounds (the turns)."""
+    import argparse
+
+    from mtsa_fairseq.experiments.bench import core, measure
+
+    rounds = []
+    timed_rounds = measure.timed_rounds
+    monkeypatch.setattr(measure, "timed_rounds", lambda steps, *a, **k: rounds.append(list(steps)) or
+                        timed_rounds(steps, *a, **k))
+    args = argparse.Namespace(batch=1, dim=16, heads=2, repeats=2, device="cpu", dtype="float32", core=False,
+                              methods=["mtsa", "naive", "mha"])
+    times = core.pass_times(8, args)
+    assert rounds == [["mtsa", "naive", "mha"]] and sorted(times) == ["mha", "mtsa", "naive"]
+    assert all(ms > 0 for ms in times.values())

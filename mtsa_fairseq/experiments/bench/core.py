@@ -9,9 +9,11 @@
   ``scaled_dot_product_attention`` call, the cost the Triton kernel aims at.
 
 With ``--core`` ``mtsa``, the ``mtsa-*`` kernels and ``mha-flash`` time ``mtsa_core`` and
-``scaled_dot_product_attention`` alone on per-head ``[B, H, L, d]`` tensors without padding. Each (method, length)
-runs in a fresh subprocess (time: the median of ``--repeats`` passes after a warm-up one). Writes a Markdown table
-(``--markdown``) and the raw numbers (``--json``, whose tables ``mtsa-docs-tables`` kind ``bench-core`` prints).
+``scaled_dot_product_attention`` alone on per-head ``[B, H, L, d]`` tensors without padding. Peak memory: one pass
+of each (method, length) in a fresh process, after a warm-up pass. Time: per length one fresh process takes
+``--repeats`` passes of every method, the methods taking turns after a warm-up round (their ratios are measured
+side by side), and reports each method's median. Writes a Markdown table (``--markdown``) and the raw numbers
+(``--json``, whose tables ``mtsa-docs-tables`` kind ``bench-core`` prints).
 """
 
 from __future__ import annotations
@@ -30,15 +32,25 @@ DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-
                    "core": ("mtsa-sdpa", "mtsa-triton", "mha-flash")}
 
 
-def pass_cost(method: str, length: int, args: argparse.Namespace) -> dict:
-    """Peak memory (MiB) of one forward+backward pass of ``method`` at ``length`` after a warm-up pass, and the
-    median time (ms) of ``args.repeats`` more; with ``args.core`` of the attention core alone."""
+def pass_memory(method: str, length: int, args: argparse.Namespace) -> float:
+    """Peak memory growth (MiB) of one forward+backward pass of ``method`` at ``length`` after a warm-up pass; with
+    ``args.core`` of the attention core alone. Call it in a fresh process."""
     one_pass, inputs = (_core if args.core else _layer)(method, args)
     one_pass(*inputs(measure.warm_up_length(length, args.device)))
     tensors = inputs(length)
-    peak_mb = measure.peak_growth_mb(lambda: one_pass(*tensors), args.device)
-    seconds = measure.timed_rounds({"pass": lambda _: one_pass(*tensors)}, args.repeats, args.device, warmup=False)
-    return {"peak_mb": peak_mb, "ms": measure.median_ms(seconds)["pass"]}
+    return measure.peak_growth_mb(lambda: one_pass(*tensors), args.device)
+
+
+def pass_times(length: int, args: argparse.Namespace) -> dict[str, float]:
+    """The median time (ms) of ``args.repeats`` forward+backward passes of each of ``args.methods`` at ``length``,
+    the methods taking turns after a warm-up round (:func:`~mtsa_fairseq.experiments.bench.measure.timed_rounds`)."""
+    steps = {}
+    for method in args.methods:
+        one_pass, inputs = (_core if args.core else _layer)(method, args)
+        one_pass(*inputs(measure.warm_up_length(length, args.device)))
+        tensors = inputs(length)
+        steps[method] = lambda _, one_pass=one_pass, tensors=tensors: one_pass(*tensors)
+    return measure.median_ms(measure.timed_rounds(steps, args.repeats, args.device))
 
 
 def _layer(method: str, args: argparse.Namespace):
@@ -113,26 +125,31 @@ def _core(method: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace, script: Path) -> None:
-    """Each (method, length) by ``script --one``; ``--markdown`` and ``--json`` written after every length (an
-    interrupted run keeps the lengths measured), then the table printed."""
+    """Per length every method's time by ``script --times-at`` and each one's memory by ``script --one``;
+    ``--markdown`` and ``--json`` written after every length (an interrupted run keeps the lengths measured), then
+    the table printed."""
     import torch
 
     where = measure.device_name(args.device)
     what = (f"attention cores alone on [B, H, L, {args.dim // args.heads}] tensors, no padding" if args.core
             else f"d_model {args.dim}")
     meta = (f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, {what}, "
-            f"{args.heads} heads, forward+backward, median of {args.repeats}")
+            f"{args.heads} heads, forward+backward, median of {args.repeats} passes taken in turns")
     options = ["--batch", str(args.batch), "--dim", str(args.dim), "--heads", str(args.heads), "--repeats",
                str(args.repeats), "--device", args.device, "--dtype", args.dtype] + (["--core"] if args.core else [])
-    settings = {name: value for name, value in vars(args).items() if name not in ("json", "markdown", "one")}
+    internal = ("json", "markdown", "one", "times_at")
+    settings = {name: value for name, value in vars(args).items() if name not in internal}
     result = {"settings": settings, "meta": meta, "methods": list(args.methods), "rows": []}
     start = time.monotonic()
     for done, length in enumerate(args.lengths, 1):
+        methods = ["--methods", *args.methods]
+        times = measure.isolated(script, ["--times-at", str(length), *methods, *options], f"the times at L={length}")
         row = {"L": length}
         for method in args.methods:
-            row[method] = measure.isolated(script, ["--one", f"{method}:{length}", *options], f"{method} at L={length}")
+            peak_mb = measure.isolated(script, ["--one", f"{method}:{length}", *options], f"{method} at L={length}")
+            row[method] = {"peak_mb": peak_mb, "ms": times[method]}
             print(f"{measure.progress(done, len(args.lengths), start)} L={length:5d} {method:11s} "
-                  f"peak {row[method]['peak_mb']:9.1f} MB  {row[method]['ms']:9.1f} ms", flush=True)
+                  f"peak {peak_mb:9.1f} MB  {times[method]:9.1f} ms", flush=True)
         result["rows"].append(row)
         if args.markdown:
             write_atomic(args.markdown, markdown(result))

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--core", action="store_true",
                         help="time the attention cores alone on per-head tensors (mtsa, the mtsa-* kernels and "
                              "mha-flash)")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "method:length", run in a subprocess
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: "method:length", its memory in a subprocess
+    parser.add_argument("--times-at", type=int, help=argparse.SUPPRESS)  # internal: every method's time at a length
     return parser
 
 
@@ -38,7 +39,10 @@ def _main() -> None:
     measure.check_positive(parser, args)
     if args.one:
         method, length = args.one.split(":")
-        measure.emit(core.pass_cost(method, int(length), args))
+        measure.emit(core.pass_memory(method, int(length), args))
+        return
+    if args.times_at:
+        measure.emit(core.pass_times(args.times_at, args))
         return
     measure.check_outputs(parser, args.markdown, args.json)
     measure.check_device(parser, args.device, memory=True)

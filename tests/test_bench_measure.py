@@ -130,4 +130,11 @@ def test_a_cpu_record_names_the_cpu_model():
     if not models:
         pytest.skip("this /proc/cpuinfo names no model")
     assert processor_name("cpu") == models[0]
-    assert device_name("cpu") == f"{models[0]}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert device_name("cpu") == f"{models[0]}, 1 thread"
+        torch.set_num_threads(2)
+        assert device_name("cpu") == f"{models[0]}, 2 threads"
+    finally:
+        torch.set_num_threads(threads)

@@ -199,8 +199,8 @@ def device_name(device: str) -> str:
     """The GPU model, or the CPU model and torch's thread count."""
     import torch
 
-    name = processor_name(device)
-    return name if device.startswith("cuda") else f"{name}, {torch.get_num_threads()} threads"
+    name, threads = processor_name(device), torch.get_num_threads()
+    return name if device.startswith("cuda") else f"{name}, {threads} thread{'s' * (threads != 1)}"
 
 
 def progress(done: int, total: int, start: float) -> str:

@@ -32,12 +32,18 @@ DEFAULT_METHODS = {"cpu": ("mtsa", "naive", "mha"), "cuda": ("mtsa-sdpa", "mtsa-
                    "core": ("mtsa-sdpa", "mtsa-triton", "mha-flash")}
 
 
+def _prepared(method: str, length: int, args: argparse.Namespace):
+    """The pass of ``method`` (with ``args.core`` of the attention core alone), warmed up, and its inputs at
+    ``length``."""
+    one_pass, inputs = (_core if args.core else _layer)(method, args)
+    one_pass(*inputs(measure.warm_up_length(length, args.device)))
+    return one_pass, inputs(length)
+
+
 def pass_memory(method: str, length: int, args: argparse.Namespace) -> float:
     """Peak memory growth (MiB) of one forward+backward pass of ``method`` at ``length`` after a warm-up pass; with
     ``args.core`` of the attention core alone. Call it in a fresh process."""
-    one_pass, inputs = (_core if args.core else _layer)(method, args)
-    one_pass(*inputs(measure.warm_up_length(length, args.device)))
-    tensors = inputs(length)
+    one_pass, tensors = _prepared(method, length, args)
     return measure.peak_growth_mb(lambda: one_pass(*tensors), args.device)
 
 
@@ -46,9 +52,7 @@ def pass_times(length: int, args: argparse.Namespace) -> dict[str, float]:
     the methods taking turns after a warm-up round (:func:`~mtsa_fairseq.experiments.bench.measure.timed_rounds`)."""
     steps = {}
     for method in args.methods:
-        one_pass, inputs = (_core if args.core else _layer)(method, args)
-        one_pass(*inputs(measure.warm_up_length(length, args.device)))
-        tensors = inputs(length)
+        one_pass, tensors = _prepared(method, length, args)
         steps[method] = lambda _, one_pass=one_pass, tensors=tensors: one_pass(*tensors)
     return measure.median_ms(measure.timed_rounds(steps, args.repeats, args.device))
 
@@ -141,8 +145,8 @@ def run(args: argparse.Namespace, script: Path) -> None:
     settings = {name: value for name, value in vars(args).items() if name not in internal}
     result = {"settings": settings, "meta": meta, "methods": list(args.methods), "rows": []}
     start = time.monotonic()
+    methods = ["--methods", *args.methods]
     for done, length in enumerate(args.lengths, 1):
-        methods = ["--methods", *args.methods]
         times = measure.isolated(script, ["--times-at", str(length), *methods, *options], f"the times at L={length}")
         row = {"L": length}
         for method in args.methods:

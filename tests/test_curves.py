@@ -33,6 +33,7 @@ def _curve(bleus, every=100):
     ([10, 20, 30, 34, 35, 35.2, 35.1, 35.3], 0.1, True),  # after 600 of 800: best 35.3 vs 35.2 before
     ([10, 20, 30, 34, 35, 35.2, 35.1, 35.6], 0.4, False),  # still gaining 0.4
     ([10, 20, 30, 34, 35, 36, 35.5, 35.0], -0.5, True),  # past its peak (36 at 600, 35.5 after)
+    ([10, 20, 30, 34, 35, 41.92, 40.0, 42.22], 0.3, False),  # exactly 0.3 (in floats 0.2999...) is not below it
 ])
 def test_plateau_rule(bleus, gain, plateaued):
     result = plateau(_curve(bleus))

@@ -82,7 +82,8 @@ def _main() -> None:
     if args.budget_from is not None:
         budget_record = study.probe_budget(args.budget_from.resolve(), study.RECIPES[args.recipe])
         args.max_update = budget_record["max_update"]
-        why = ("the recipe's cap, which every run of the probe reached before a plateau" if budget_record["capped"]
+        why = ("the recipe's cap, reached by every run of the probe with no validation before it at which all were"
+               " on a plateau" if budget_record["capped"]
                else "the first validation at which every run of the probe is on a plateau")
         print(f"budget: {args.max_update} updates, {why} ({args.budget_from})")
 

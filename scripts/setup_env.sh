@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the virtual environment: torch, fairseq-fixed compiled against it, mtsa_fairseq.
 #   MTSA_VENV   where the environment lives (default: .venv in the repository)
-#   MTSA_TORCH  the torch requirement (default: torch==2.13.0, the CPU build; e.g. "torch==2.9.1" for CUDA)
+#   MTSA_TORCH  the torch requirement (default: torch==2.13.0; PyPI's Linux wheel is the CUDA build, and
+#               PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu gives the CPU one)
 #   MTSA_FAIRSEQ_OWN_FAIRSEQ=1  keep the fairseq already importable in that environment
 #   PYTHON      the interpreter that creates the environment (default: python3, 3.10 or newer)
 set -euo pipefail

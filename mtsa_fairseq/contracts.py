@@ -92,10 +92,16 @@ def read_run(run_dir: Path, error: type[Exception] = ValueError) -> dict[str, An
     return record
 
 
+def not_found(what: str, path: str | Path) -> str:
+    """The one line for a file ``path`` that is not there: ``<what> not found: <path>``, or, for a directory,
+    ``<what> <path> is a directory, not a file``."""
+    return f"{what} {path} is a directory, not a file" if Path(path).is_dir() else f"{what} not found: {path}"
+
+
 def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dict[str, Any]:
     """A JSON object file of the given ``schema``; anything else raises ``error`` naming ``what``."""
     if not path.is_file():
-        raise error(f"{what} not found: {path}")
+        raise error(not_found(what, path))
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

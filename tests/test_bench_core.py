@@ -55,6 +55,16 @@ def test_the_cores_alone_on_the_cpu(tmp_path):
     assert proc.returncode == 2 and "--core takes only the methods mtsa, mtsa-sdpa" in proc.stderr
 
 
+@pytest.mark.parametrize("option, message", [
+    (("--device", "foo"), "--device must be cpu or cuda[:N], not 'foo'"),
+    (("--dim", "10", "--heads", "3"), "--dim 10 is not divisible by --heads 3"),
+])
+def test_bad_options_are_a_usage_error(option, message):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--lengths", "16", "--repeats", "1", *option],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
+
+
 def test_a_memory_ratio_below_what_the_resident_set_resolves_is_a_dash():
     from mtsa_fairseq.experiments.bench.core import table
 

@@ -79,3 +79,27 @@ def test_from_json_merges_runs_without_measuring(tmp_path):
     assert (tmp_path / "merged.png").stat().st_size > 0
     missing = run("--from-json", str(tmp_path / "none.json"))
     assert missing.returncode != 0 and "no such file" in missing.stderr
+
+
+@pytest.mark.parametrize("option, message", [
+    (("--memory-limit-gb", "-1"), "error: --memory-limit-gb must be positive and finite"),
+    (("--max-seconds", "-1"), "error: --max-seconds must be positive and finite"),
+    (("--device", "foo"), "error: --device must be cpu or cuda[:N], not 'foo'"),
+])
+def test_bad_options_are_a_usage_error(option, message):
+    proc = run("--lengths", "4", *option)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message)
+
+
+def test_from_json_refuses_what_is_not_a_record(tmp_path):
+    truncated, other = tmp_path / "truncated.json", tmp_path / "other.json"
+    truncated.write_text('{"settings": "cpu", "rows": [')
+    other.write_text(json.dumps({"schema": "mtsa-fairseq.result.v1", "bleu": 30.0}))
+    proc = run("--from-json", str(truncated))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: {truncated} is not valid JSON: Expecting value: line 1 "
+                                                "column 30 (char 29)"]
+    proc = run("--from-json", str(other))
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: {other} is not an mtsa-bench-encoders --json record (an object of settings, encoders, rows, "
+        "each row with L, ms and mb)"]

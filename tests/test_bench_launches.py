@@ -197,10 +197,15 @@ def test_tiny_benchmark_writes_every_level_layer_and_padding(tmp_path):
     assert first.endswith("| 1.000 (1.000-1.000) |")  # the reference's ratio to itself, in every process
 
 
-def test_usage_errors():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--layers", "mtsa-sdpa-joint", "--dropouts", "0.1"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("give 0 among --dropouts")
+@pytest.mark.parametrize("option, message", [
+    (("--layers", "mtsa-sdpa-joint", "--dropouts", "0.1"), "give 0 among --dropouts"),
+    (("--device", "foo"), "error: --device must be cpu or cuda[:N], not 'foo'"),
+    (("--dim", "10", "--heads", "3"), "error: --dim 10 is not divisible by --heads 3"),
+    (("--dropouts", "nan"), "error: --dropouts must be in [0, 1)"),
+])
+def test_usage_errors(option, message):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *option], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message)
 
 
 def test_the_joint_kernel_is_measured_at_dropout_0_only_and_paddings_are_chosen():

@@ -15,6 +15,7 @@ import torch
 from mtsa_fairseq.experiments.bench.measure import (
     CellFailed,
     can_measure,
+    check_device,
     check_positive,
     device_name,
     emit,
@@ -120,6 +121,28 @@ def test_check_positive_refuses_integers_below_one():
         with pytest.raises(SystemExit) as exc:
             check_positive(parser, parser.parse_args(argv))
         assert exc.value.code == 2
+
+
+def test_check_positive_refuses_floats_not_above_zero_or_not_finite(capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--dropouts", type=float, nargs="+", default=[0.0])
+    check_positive(parser, parser.parse_args(["--max-seconds", "1e-6"]), skip=("dropouts",))
+    for value in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit) as exc:
+            check_positive(parser, parser.parse_args(["--max-seconds", value]), skip=("dropouts",))
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith("error: --max-seconds must be positive and finite")
+    with pytest.raises(SystemExit):
+        check_positive(parser, parser.parse_args([]))  # --dropouts 0 when not skipped
+
+
+@pytest.mark.parametrize("device", ["foo", "cuda:x", "meta"])
+def test_check_device_refuses_what_is_not_cpu_or_cuda(device, capsys):
+    with pytest.raises(SystemExit) as exc:
+        check_device(argparse.ArgumentParser(), device)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: --device must be cpu or cuda[:N], not {device!r}")
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads Linux's /proc/cpuinfo")

@@ -54,6 +54,7 @@ def test_an_interrupted_run_keeps_the_lengths_measured(tmp_path):
 @pytest.mark.parametrize("option, message", [
     (("--train-max-tokens", "50"), "--train-max-tokens must be at least 100, the longest training sentence drawn"),
     (("--kernel", "fast"), "--kernel must be one of auto, sdpa, sdpa-joint, dense, triton, not 'fast'"),
+    (("--device", "foo"), "--device must be cpu or cuda[:N], not 'foo'"),
 ])
 def test_bad_options_are_a_usage_error(tmp_path, option, message):
     proc = subprocess.run([sys.executable, str(SCRIPT), *option, "--json", str(tmp_path / "b.json")],

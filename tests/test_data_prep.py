@@ -127,6 +127,8 @@ def test_check_pair_names_files_and_counts(tmp_path):
         check_pair(src, empty, "--valid")
     with pytest.raises(DataError, match=rf"file not found: {tmp_path / 'nope'}"):
         check_pair(src, tmp_path / "nope", "--test x")
+    with pytest.raises(DataError, match=rf"--train: file {tmp_path} is a directory, not a file"):
+        check_pair(tmp_path, tgt, "--train")
     tgt.write_text("a\nb\nc")  # no final newline: still 3 lines
     assert check_pair(src, tgt, "--train") == 3
 
@@ -153,6 +155,7 @@ def test_validate_catches_bad_configurations(tmp_path):
         "--test name 'a/b' must be letters": dict(tests=[NamedCorpus("a/b", raw / "test.en", raw / "test.de")]),
         "--character-coverage": dict(character_coverage=0.5),
         "--max-length-ratio": dict(max_ratio=0.5),
+        "--seed must be at least 0, got -1": dict(seed=-1),
     }
     for message, overrides in bad.items():
         with pytest.raises(DataError, match=message):
@@ -431,3 +434,16 @@ def test_preparation_of_an_output_being_prepared_is_refused(toy):
         f"error: output {toy / 'out'} is in use by preparation pid {os.getpid()}; wait for it to finish or stop it, "
         "then rerun")
     assert leftovers(toy) == []
+
+
+def test_the_toy_corpus_command_never_replaces_a_corpus_unasked(tmp_path):
+    make = [sys.executable, str(ROOT / "scripts" / "make_toy_corpus.py"), str(tmp_path / "raw")]
+    sizes = ["--train", "10", "--valid", "5", "--test", "5"]
+    assert subprocess.run([*make, *sizes], capture_output=True, text=True, env=ENV).returncode == 0
+    before = (tmp_path / "raw" / "train.en").read_text()
+    proc = subprocess.run([*make, *sizes, "--seed", "3"], capture_output=True, text=True, env=ENV)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        f"{tmp_path / 'raw' / 'train.en'} exists (pass --overwrite to replace the corpus in {tmp_path / 'raw'})")
+    assert (tmp_path / "raw" / "train.en").read_text() == before
+    proc = subprocess.run([*make, *sizes, "--seed", "3", "--overwrite"], capture_output=True, text=True, env=ENV)
+    assert proc.returncode == 0 and (tmp_path / "raw" / "train.en").read_text() != before

@@ -532,6 +532,10 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
     (LaunchOptions(launcher="slurm", slurm_args=("account",)), "'account' is not KEY=VALUE"),
     (LaunchOptions(launcher="slurm", slurm_time=2), "--slurm-time must be >= 3 minutes"),
     (LaunchOptions(launcher="slurm", slurm_requeues=-1), "--slurm-requeues must be >= 0"),
+    (LaunchOptions(extra_args=("--decoder-self-attention-type", "mtsa", "--mtsa-s2t-activation", "exp")),
+     "fairseq-train: --decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or scaled_sigmoid"),
+    (LaunchOptions(extra_args=("--mtsa-bi-directional", "--encoder-attention-heads", "3")),
+     "needs an even --encoder-attention-heads, got 3"),
 ])
 def test_plan_rejects_inconsistent_options(corpus, tmp_path, options, message):
     config = write_config(tmp_path / "configs")

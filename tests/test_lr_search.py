@@ -102,8 +102,6 @@ def test_experiment_trains_each_architecture_at_the_rate_a_search_chose(trec_dat
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lrs", "1e-3", "1e-3"], "--lrs must be positive and must not repeat"),
-    (["--lrs", "0"], "--lrs must be positive and must not repeat"),
     (["--lrs", "1e-3", "--extra-args", "--lr 5e-4"], "--extra-args must not set --lr: the search sets it per run"),
 ])
 def test_lr_search_usage_errors(trec_data, tmp_path, args, message):
@@ -111,4 +109,23 @@ def test_lr_search_usage_errors(trec_data, tmp_path, args, message):
                str(ROOT / "configs/sentence/trec-random-init.yaml"), "--data", str(trec_data), "--archs",
                "mtsa_encoder", "--out", str(tmp_path / "out"), *args, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(f"error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("lrs, message", [
+    (["1e-3", "1e-3"], "--lrs must not repeat"),
+    (["0"], "--lrs must be positive and finite"),
+    (["nan", "1e-3"], "--lrs must be positive and finite"),
+    (["inf"], "--lrs must be positive and finite"),
+])
+def test_lr_search_refuses_bad_rates_before_reading_anything(tmp_path, monkeypatch, capsys, lrs, message):
+    from mtsa_fairseq.experiments.commands import sentence_lr_search
+
+    monkeypatch.setattr(sys, "argv", ["mtsa-sentence-lr-search", "--config", str(tmp_path / "c.yaml"), "--data",
+                                      str(tmp_path), "--archs", "mtsa_encoder", "--out", str(tmp_path / "out"),
+                                      "--lrs", *lrs])
+    with pytest.raises(SystemExit) as exc:
+        sentence_lr_search.main()
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"mtsa-sentence-lr-search: error: {message}"
     assert not (tmp_path / "out").exists()

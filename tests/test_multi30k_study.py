@@ -279,6 +279,14 @@ def test_the_probes_curves_report_fixes_the_budget_its_logs_fix(tmp_path):
     assert committed["max_update"] == 6864 and all(v["plateaued"] for v in committed["verdicts"].values())
 
 
+def test_a_curves_report_of_another_recipe_fixes_no_budget():
+    probe = ROOT / "results" / "multi30k" / "probe" / "curves.json"  # the 3+3 x 256 recipe's probe
+    with pytest.raises(SystemExit, match=r"probed multi30k_mtsa, multi30k_transformer, not this recipe's "
+                                         r"multi30k_tiny_mtsa, multi30k_tiny_transformer: its budget is another"):
+        study.probe_budget(probe, study.TINY)
+    assert study.probe_budget(ROOT / "results" / "multi30k" / "grid-tiny" / "curves.json", study.TINY)["capped"]
+
+
 def _release(root: Path) -> Path:
     """A stand-in Multi30k release directory (one line per file: what the study's input checks read)."""
     raw = root / "multi30k"

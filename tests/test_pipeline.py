@@ -1,6 +1,7 @@
 """The one-command pipeline at toy size: raw files -> data -> 2 seeds x 2 configs -> BLEU -> report."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def test_rerun_reuses_everything_and_scores_an_empty_result_again(finished):
     assert f"{empty} is empty or unreadable: scoring again" in proc.stdout
     assert json.loads(empty.read_text())["num_sentences"] == 20
     assert {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json") if p != empty} == stamps
+    assert "kept 3 result(s) scored before" in proc.stdout
     assert (out / "report.md").exists()
 
 
@@ -117,16 +119,38 @@ def test_a_second_comparison_over_the_same_runs_reports_apart(finished):
     assert (out / "swapped" / "report.png").is_file() and f"{out / 'swapped' / 'report.md'}" in proc.stdout
 
 
+def test_a_run_trained_on_since_its_score_is_scored_again(finished):
+    """A result older than its run's checkpoint_last.pt scored a checkpoint that is gone: the rerun scores the run
+    again (a line says so) and keeps the others."""
+    out, args, _ = finished
+    stale = out / "results" / "tiny_transformer_seed1_toy.json"
+    checkpoint = out / "runs" / "tiny_transformer" / "seed1" / "checkpoint_last.pt"
+    later = stale.stat().st_mtime + 60
+    os.utime(checkpoint, (later, later))
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json") if p != stale}
+    proc = pipeline(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{stale} scored an older checkpoint_last.pt (the run trained on since): scoring again" in proc.stdout
+    assert stale.stat().st_mtime >= later and json.loads(stale.read_text())["num_sentences"] == 20
+    assert {p: p.stat().st_mtime_ns for p in (out / "results").glob("*.json") if p != stale} == stamps
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
         (["--seeds", "1"], "at least 2 distinct seeds"),
+        (["--names", "A", "A"], "--names must name the two systems differently"),
+        (["--data", "DATA"], "has no test set to score (prepare it with --test, or pass --train-only)"),
+        (["--data", "DATA", "--vocab-size", "50", "--train-only"], "--vocab-size prepare raw data; --data"),
         (["--seeds", "3", "3"], "--seeds must be distinct"),
         (["--train", "nope.en", "nope.de", "--test", "t", "nope.en", "nope.de"], "does not exist"),
         (["--system-config", str(ROOT / "configs/demo_transformer.yaml")], "must be different configs"),
     ],
 )
 def test_bad_input_stops_before_writing(tmp_path, args, message):
+    (tmp_path / "data").mkdir()  # a prepared directory without test sets
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"tests": {}}))
+    args = [str(tmp_path / "data") if arg == "DATA" else arg for arg in args]
     proc = pipeline("--out", str(tmp_path / "out"), *args)
     assert proc.returncode != 0 and message in proc.stderr
     assert not (tmp_path / "out").exists()

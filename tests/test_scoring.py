@@ -463,3 +463,41 @@ def test_dictionaries_are_checked_by_their_digests_and_a_missing_one_is_named(tm
         check_dictionaries(run, tmp_path / "checkpoint_last.pt", tmp_path)
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'other/dict.de.txt'} not found: ")):
         check_dictionaries(run, tmp_path / "checkpoint_last.pt", tmp_path / "other")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--result", "t1.de"], "--result must name a JSON file (RESULT.json), not t1.de"),
+    (["--result", "r.json", "--cpu", "--fp16"], "--fp16 translates on a GPU; --cpu translates in float32"),
+    (["--result", "r.json", "--lenpen", "nan"], "--lenpen must be a finite number"),
+    (["--result", "r.json", "--max-len-a", "inf"], "--max-len-a must be a finite number, not negative"),
+])
+def test_option_errors_exit_2_before_any_work(tmp_path, args, message):
+    """Contradicting or meaningless options stop the command with one line, before a checkpoint is read; a result
+    must be a .json file, so an existing reference or checkpoint can never be taken for one and replaced."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", "c.pt", "--data-bin", "b", "--reference", "r",
+                           *args], capture_output=True, text=True, env=ENV, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_rescore_refuses_the_options_it_would_ignore(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", "r.json", "--target-lang", "de", "--beam", "5",
+                           "--result", "s.json"], capture_output=True, text=True, env=ENV, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--rescore recomputes the BLEU of the recorded hypotheses: --result, --beam cannot apply")
+
+
+@pytest.mark.slow
+def test_data_options_that_cannot_apply_and_a_bad_sentencepiece_model(trained, tmp_path):
+    checkpoint = str(trained / "ckpt/checkpoint_last.pt")
+    proc = score("--checkpoint", checkpoint, "--data", str(tmp_path), "--test", "t1", "--gen-subset", "valid",
+                 "--result", str(tmp_path / "r.json"))
+    assert proc.returncode == 2 and "--gen-subset goes with --data-bin" in proc.stderr.splitlines()[-1]
+    not_a_model = trained / "raw/test.de"
+    proc = score("--checkpoint", checkpoint, "--data-bin", str(trained / "bin"), "--reference",
+                 str(trained / "raw/test.de"), "--spm-model", str(not_a_model), "--result", str(tmp_path / "r.json"),
+                 "--cpu")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: {not_a_model} is not a sentencepiece model (")
+    assert not any(tmp_path.iterdir())

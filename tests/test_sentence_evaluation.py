@@ -53,6 +53,42 @@ def test_an_unloadable_checkpoint_error_says_why_when_its_exception_does_not(tmp
     assert str(err.value) == f"cannot load checkpoint {tmp_path / 'checkpoint_best.pt'}: EOFError"
 
 
+def test_a_checkpoint_built_for_other_data_is_an_error_naming_both(tmp_path, monkeypatch):
+    """Without a run.json beside the checkpoint, data of another dictionary (or dataset) shows when its weights
+    do not fit the model built for the data."""
+    from fairseq import checkpoint_utils
+
+    from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate
+
+    def mismatch(*_args, **_kwargs):
+        raise RuntimeError("Error(s) in loading state_dict for SentenceEncoderModel:\n\tsize mismatch for "
+                           "embedding.trainable: copying a param with shape torch.Size([40, 16]) from checkpoint, "
+                           "the shape in current model is torch.Size([52, 16]).")
+
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu",
+                        lambda *_args, **_kwargs: {"cfg": {"task": {"_name": "sentence_encoding"}}})
+    monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task", mismatch)
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"")
+    with pytest.raises(EvaluationError) as err:
+        evaluate(tmp_path / "checkpoint_best.pt", data=tmp_path / "other")
+    assert str(err.value) == (
+        f"{tmp_path / 'checkpoint_best.pt'} does not match the data in {tmp_path / 'other'} (another dictionary or "
+        "dataset than it was trained on): size mismatch for embedding.trainable: copying a param with shape "
+        "torch.Size([40, 16]) from checkpoint, the shape in current model is torch.Size([52, 16]).")
+
+
+@pytest.mark.parametrize("size", ["0", "-1"])
+def test_a_batch_size_below_one_is_a_usage_error(tmp_path, monkeypatch, capsys, size):
+    from mtsa_fairseq.experiments.commands import evaluate_sentence
+
+    monkeypatch.setattr(sys, "argv", ["mtsa-evaluate-sentence", "--checkpoint", str(tmp_path / "c.pt"),
+                                      "--batch-size", size])
+    with pytest.raises(SystemExit) as exc:
+        evaluate_sentence.main()
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("error: --batch-size must be positive")
+
+
 def test_a_sentence_result_names_its_checkpoint_and_data_from_its_folder(tmp_path):
     from mtsa_fairseq.experiments.sentence.evaluation import write_result
 

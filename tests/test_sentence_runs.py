@@ -274,3 +274,21 @@ def test_task_config_values_are_checked_as_fairseq_reads_them(tmp_path, section,
     with pytest.raises(ExperimentError) as caught:
         check_options(load_task_config(config), ["mtsa_encoder"], tmp_path, [])
     assert str(caught.value) == f"{config}{message}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--archs", "mtsa_encoder", "--reference", "disan_encoder"], "--reference disan_encoder is not among --archs"),
+    (["--archs", "mtsa_encoder", "--jobs", "0"], "--jobs must be positive"),
+    (["--archs", "mtsa_encoder", "--jobs", "-2"], "--jobs must be positive"),
+    (["--archs", "mtsa_encoder", "--threads", "0"], "--threads must be positive"),
+])
+def test_experiment_usage_errors_before_reading_anything(tmp_path, monkeypatch, capsys, args, message):
+    from mtsa_fairseq.experiments.commands import sentence_experiment
+
+    monkeypatch.setattr(sys, "argv", ["mtsa-sentence-experiment", "--config", str(tmp_path / "c.yaml"), "--data",
+                                      str(tmp_path), "--out", str(tmp_path / "out"), *args])
+    with pytest.raises(SystemExit) as exc:
+        sentence_experiment.main()
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"mtsa-sentence-experiment: error: {message}"
+    assert not (tmp_path / "out").exists()

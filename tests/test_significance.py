@@ -519,6 +519,47 @@ def test_existing_outputs_need_overwrite_and_are_replaced_whole(results, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
+@pytest.mark.parametrize("output, message", [
+    ("INPUT", "is one of the compared result files or their hypotheses: write the report elsewhere"),
+    ("HYPOTHESES", "is one of the compared result files or their hypotheses: write the report elsewhere"),
+    ("DIRECTORY", "is a directory, not a file"),
+])
+def test_an_output_that_would_replace_an_input_or_is_a_directory_is_refused(results, tmp_path, monkeypatch, capsys,
+                                                                            output, message):
+    _, files = results
+    target = {"INPUT": files["mtsa"][0], "HYPOTHESES": files["mtsa"][0].with_name(f"{files['mtsa'][0].stem}.hyp.txt"),
+              "DIRECTORY": tmp_path}[output]
+    before = target.read_bytes() if target.is_file() else None
+    with pytest.raises(SystemExit) as exc:
+        _run_main(monkeypatch, "--baseline", *map(str, files["base"]), "--system", *map(str, files["mtsa"]),
+                  "--json", str(target), "--overwrite", *FAST)
+    assert exc.value.code == 2 and f"{target} {message}" in capsys.readouterr().err
+    assert (target.read_bytes() if target.is_file() else None) == before
+
+
+def test_results_of_other_checkpoints_are_not_compared(results, tmp_path):
+    """A last checkpoint against an averaged one is no comparison of the systems: refused, naming both."""
+    _, files = results
+    averaged = []
+    for path in files["mtsa"]:
+        data = _moved(path, tmp_path)
+        data["checkpoint"] = data["checkpoint"].replace("ckpt.pt", "checkpoint_avg5.pt")
+        averaged.append(tmp_path / path.name)
+        averaged[-1].write_text(json.dumps(data))
+    message = "toytest: the baseline's results scored ckpt.pt, the system's checkpoint_avg5.pt: compare results of"
+    with pytest.raises(significance.SignificanceError, match=message):
+        significance.compare(files["base"], averaged, bootstrap_samples=20, ar_samples=20)
+
+
+def test_the_plot_is_a_png(results, tmp_path, monkeypatch, capsys):
+    _, files = results
+    with pytest.raises(SystemExit) as exc:
+        _run_main(monkeypatch, "--baseline", *map(str, files["base"]), "--system", *map(str, files["mtsa"]),
+                  "--plot", str(tmp_path / "p.pdf"), *FAST)
+    assert exc.value.code == 2 and f"--plot writes a PNG image: name it OUT.png, not {tmp_path / 'p.pdf'}" in (
+        capsys.readouterr().err)
+
+
 def test_a_result_names_its_files_from_its_folder(tmp_path, monkeypatch):
     """A fresh result holds no absolute path, reads the same from another directory and after its tree moves."""
     study = tmp_path / "study"

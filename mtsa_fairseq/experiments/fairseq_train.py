@@ -107,4 +107,13 @@ def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | No
                           f"(arch {getattr(namespace, 'arch', '?')}, with --user-dir {USER_DIR})")
     if unknown:
         raise ConfigError(f"fairseq-train: unexpected argument {unknown[0]!r}")
+    if hasattr(namespace, "encoder_self_attention_type"):  # an MTSA architecture: options its model cannot build
+        from fairseq.models.transformer import TransformerConfig
+
+        from mtsa_fairseq.models.transformer_mtsa import check_mtsa_options
+
+        try:
+            check_mtsa_options(TransformerConfig.from_namespace(namespace))
+        except ValueError as err:
+            raise ConfigError(f"fairseq-train: {err}") from None
     return namespace

@@ -57,6 +57,7 @@ class RunResult:
     bleu: dict[str, Any]
     hypotheses: list[str] = field(repr=False)
     references: list[str] = field(repr=False)
+    checkpoint: str | None = None  # the scored checkpoint's file name, e.g. checkpoint_last.pt
 
 
 def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, list[str]] | None = None,
@@ -100,7 +101,8 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
                                 f"num_sentences is {n}")
     return RunResult(path=path, system=data["system"], setup=data.get("setup"), test_set=data["test_set"],
                      seed=data.get("seed"), num_params=data["num_params"], bleu=data["bleu"],
-                     hypotheses=hyps, references=refs)
+                     hypotheses=hyps, references=refs,
+                     checkpoint=Path(data["checkpoint"]).name if data.get("checkpoint") else None)
 
 
 @dataclass(frozen=True)
@@ -464,6 +466,10 @@ def compare(baseline_paths: Sequence[Path], system_paths: Sequence[Path], *, met
 
     comparisons = []
     for (setup, test_set), (base_runs, sys_runs) in groups.items():
+        kinds = [sorted({str(r.checkpoint) for r in runs}) for runs in (base_runs, sys_runs)]
+        if kinds[0] != kinds[1]:
+            raise SignificanceError(f"{test_set}: the baseline's results scored {', '.join(kinds[0])}, the "
+                                    f"system's {', '.join(kinds[1])}: compare results of the same checkpoints")
         stats = t_test([r.bleu[metric] for r in base_runs], [r.bleu[metric] for r in sys_runs], test)
         sides = ((stats.mean_baseline, stats.std_baseline, stats.n_baseline),
                  (stats.mean_system, stats.std_system, stats.n_system))

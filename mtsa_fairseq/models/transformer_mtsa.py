@@ -56,6 +56,24 @@ def mtsa_option(cfg: Namespace | TransformerConfig, name: str) -> Any:
     return option_value(cfg, _BY_DEST[name])
 
 
+def check_mtsa_options(cfg: TransformerConfig) -> None:
+    """Raise ValueError for MTSA options that cannot build a model (called by the layers, and by the experiment
+    tooling before it launches fairseq-train)."""
+    if (mtsa_option(cfg, "encoder_self_attention_type") == "mtsa" and mtsa_option(cfg, "mtsa_bi_directional")
+            and cfg.encoder.attention_heads % 2):
+        raise ValueError("--mtsa-bi-directional splits the heads into forward and backward halves and needs an "
+                         f"even --encoder-attention-heads, got {cfg.encoder.attention_heads}")
+    if mtsa_option(cfg, "decoder_self_attention_type") == "mtsa":
+        if cfg.cross_self_attention:
+            raise ValueError("--decoder-self-attention-type mtsa is a plain causal self-attention: it cannot be "
+                             "combined with --cross-self-attention")
+        activation = mtsa_option(cfg, "mtsa_s2t_activation")
+        if not activation.endswith("sigmoid"):
+            raise ValueError("--decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or "
+                             f"scaled_sigmoid, got {activation}: exp source2token weights are shifted by a "
+                             "sequence-wide maximum, which is not causal")
+
+
 def _mtsa_attention(layer: nn.Module, embed_dim: int, num_heads: int, cfg: TransformerConfig,
                     **masks: bool) -> MTSAMultiheadAttention:
     """MTSA with the ``--mtsa-*`` options shared by encoder and decoder, and the layer's quant-noise."""
@@ -82,11 +100,9 @@ class MTSAEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim: int, cfg: TransformerConfig) -> nn.Module:
         if mtsa_option(cfg, "encoder_self_attention_type") != "mtsa":
             return super().build_self_attention(embed_dim, cfg)
-        bi_directional = mtsa_option(cfg, "mtsa_bi_directional")
-        if bi_directional and cfg.encoder.attention_heads % 2:
-            raise ValueError("--mtsa-bi-directional splits the heads into forward and backward halves and needs an "
-                             f"even --encoder-attention-heads, got {cfg.encoder.attention_heads}")
-        return _mtsa_attention(self, embed_dim, cfg.encoder.attention_heads, cfg, bi_directional=bi_directional)
+        check_mtsa_options(cfg)
+        return _mtsa_attention(self, embed_dim, cfg.encoder.attention_heads, cfg,
+                               bi_directional=mtsa_option(cfg, "mtsa_bi_directional"))
 
 
 class MTSADecoderLayer(TransformerDecoderLayerBase):
@@ -97,14 +113,10 @@ class MTSADecoderLayer(TransformerDecoderLayerBase):
                              add_zero_attn: bool = False) -> nn.Module:
         if mtsa_option(cfg, "decoder_self_attention_type") != "mtsa":
             return super().build_self_attention(embed_dim, cfg, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
-        if cfg.cross_self_attention or add_bias_kv or add_zero_attn:
+        if add_bias_kv or add_zero_attn:
             raise ValueError("--decoder-self-attention-type mtsa is a plain causal self-attention: it cannot be "
-                             "combined with --cross-self-attention, add_bias_kv or add_zero_attn")
-        activation = mtsa_option(cfg, "mtsa_s2t_activation")
-        if not activation.endswith("sigmoid"):
-            raise ValueError("--decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or "
-                             f"scaled_sigmoid, got {activation}: exp source2token weights are shifted by a "
-                             "sequence-wide maximum, which is not causal")
+                             "combined with add_bias_kv or add_zero_attn")
+        check_mtsa_options(cfg)
         return _mtsa_attention(self, embed_dim, cfg.decoder.attention_heads, cfg, causal=True)
 
 

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "stacked_mtsa_encoder", "disan_encoder", "disan_undirected_encoder",
             "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder")
 OOM = "OOM"
+RECORD_KEYS = ("settings", "encoders", "rows")
+
+
+class RecordError(ValueError):
+    """A ``--from-json`` file that is not an mtsa-bench-encoders ``--json`` record."""
 
 
 def build(arch: str, dim: int) -> nn.Module:
@@ -110,10 +115,24 @@ def plot(result: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def read_record(path: Path) -> dict:
+    """A ``--json`` record of this benchmark; anything else raises :class:`RecordError` naming ``path``."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RecordError(f"{path} is not valid JSON: {error}") from None
+    if not (isinstance(record, dict) and all(key in record for key in RECORD_KEYS)
+            and isinstance(record["rows"], list)
+            and all(isinstance(row, dict) and {"L", "ms", "mb"} <= row.keys() for row in record["rows"])):
+        raise RecordError(f"{path} is not an mtsa-bench-encoders --json record (an object of "
+                          f"{', '.join(RECORD_KEYS)}, each row with L, ms and mb)")
+    return record
+
+
 def merge(paths: list[Path]) -> dict:
     """One result from several ``--json`` files: rows by length (a later file's row replaces an earlier
     one's), encoders in order of appearance, the settings of each file."""
-    results = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    results = [read_record(path) for path in paths]
     rows = {row["L"]: row for result in results for row in result["rows"]}
     return {
         "settings": "; ".join(dict.fromkeys(f"L = {', '.join(str(r['L']) for r in result['rows'])}: "
@@ -137,8 +156,9 @@ def run(args: argparse.Namespace, script: Path) -> None:
                     f"{args.dim} channels, forward+backward, median of {args.repeats}{limit}",
         "encoders": list(args.archs), "rows": [], "stopped": {},
     }
-    options = ["--batch", str(args.batch), "--dim", str(args.dim), "--device", args.device, "--memory-limit-gb",
-               str(args.memory_limit_gb or 0)]
+    options = ["--batch", str(args.batch), "--dim", str(args.dim), "--device", args.device]
+    if args.memory_limit_gb:
+        options += ["--memory-limit-gb", str(args.memory_limit_gb)]
     start = time.monotonic()
     for i, length in enumerate(args.lengths):
         mb = {name: measure.isolated(script, ["--memory-of", f"{name}:{length}", *options],

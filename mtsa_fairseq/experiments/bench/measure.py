@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -23,12 +24,15 @@ PROC_STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A usage error (exit 2) for any integer option, or integer in a list option, below 1."""
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, skip: Iterable[str] = ()) -> None:
+    """A usage error (exit 2) for any integer option, or integer in a list option, below 1, and any float not above 0
+    or not finite (nan, inf), except in the options named in ``skip`` (``"dropouts"``)."""
     for name, value in vars(args).items():
-        values = value if isinstance(value, list) else [value]
+        values = [] if name in skip else value if isinstance(value, list) else [value]
         if any(isinstance(v, int) and not isinstance(v, bool) and v < 1 for v in values):
             parser.error(f"--{name.replace('_', '-')} must be positive")
+        if any(isinstance(v, float) and not 0 < v < math.inf for v in values):
+            parser.error(f"--{name.replace('_', '-')} must be positive and finite")
 
 
 def check_outputs(parser: argparse.ArgumentParser, *paths: Path | None, what: str = "output directory") -> None:
@@ -39,11 +43,20 @@ def check_outputs(parser: argparse.ArgumentParser, *paths: Path | None, what: st
 
 
 def check_device(parser: argparse.ArgumentParser, device: str, memory: bool = False) -> None:
-    """A usage error for ``--device cuda`` without CUDA, and with ``memory`` where peak memory cannot be measured."""
+    """A usage error for a ``--device`` other than cpu or cuda[:N], for cuda without CUDA, and with ``memory``
+    where peak memory cannot be measured."""
     import torch
 
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda[:N], not {device!r}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
+    if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
+        parser.error(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
     if memory and not can_measure(device):
         parser.error(f"cannot measure peak memory on {device} here (CPU needs Linux's /proc/self/clear_refs)")
 

@@ -37,6 +37,8 @@ def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     measure.check_positive(parser, args)
+    if args.dim % args.heads:
+        parser.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     if args.one:
         method, length = args.one.split(":")
         measure.emit(core.pass_memory(method, int(length), args))

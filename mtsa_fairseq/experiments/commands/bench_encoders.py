@@ -38,8 +38,7 @@ def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     measure.check_positive(parser, args)
-    if not measure.can_measure(args.device):
-        parser.error(f"cannot measure peak memory on {args.device} here (CPU needs Linux's /proc/self/clear_refs)")
+    measure.check_device(parser, args.device, memory=True)
     if args.memory_of:
         name, length = args.memory_of.split(":")
         measure.emit(encoders.memory_mb(name, int(length), args))
@@ -62,8 +61,9 @@ def _main() -> None:
 
 
 def main() -> None:
-    """The command: one line, never a traceback, for a full disk, Ctrl-C (status 130) or SIGTERM (143)."""
-    run_command(_main, resumes=False)
+    """The command: one line, never a traceback, for a full disk, a file of --from-json that is no record (status 1),
+    Ctrl-C (status 130) or SIGTERM (143)."""
+    run_command(_main, resumes=False, errors=(encoders.RecordError,))
 
 
 if __name__ == "__main__":

@@ -67,7 +67,9 @@ def _main() -> None:
     parser = build_parser()
     argv = sys.argv[1:]
     args = parser.parse_args(argv)
-    measure.check_positive(parser, args)
+    measure.check_positive(parser, args, skip=("dropouts",))
+    if args.dim % args.heads:
+        parser.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     if not all(0.0 <= p < 1.0 for p in args.dropouts):
         parser.error("--dropouts must be in [0, 1)")
     if "mtsa-sdpa-joint" in args.layers and 0 not in args.dropouts:

@@ -27,6 +27,8 @@ def _main() -> None:
     parser.add_argument("--result", type=Path, help="write the result JSON here")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --result")
     args = parser.parse_args()
+    if args.batch_size <= 0:
+        parser.error("--batch-size must be positive")
     if args.result and args.result.exists() and not args.overwrite:
         parser.error(f"{args.result} exists (pass --overwrite to replace it)")
     import torch

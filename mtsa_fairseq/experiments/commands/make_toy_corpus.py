@@ -14,10 +14,15 @@ def _main() -> None:
     parser.add_argument("--valid", type=int, default=200, help="validation pairs")
     parser.add_argument("--test", type=int, default=200, help="test pairs")
     parser.add_argument("--seed", type=int, default=1, help="random seed")
+    parser.add_argument("--overwrite", action="store_true", help="replace corpus files OUT_DIR already holds")
     args = parser.parse_args()
     for name in ("train", "valid", "test"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be positive")
+    existing = [str(args.out_dir / f"{split}.{lang}") for split in ("train", "valid", "test") for lang in ("en", "de")
+                if (args.out_dir / f"{split}.{lang}").exists()]
+    if existing and not args.overwrite:
+        parser.error(f"{existing[0]} exists (pass --overwrite to replace the corpus in {args.out_dir})")
     write_corpus(args.out_dir, {"train": args.train, "valid": args.valid, "test": args.test}, seed=args.seed)
 
 

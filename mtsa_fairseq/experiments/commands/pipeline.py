@@ -6,7 +6,8 @@ and configs it runs the real thing (docs/experiment.md gives the command of WMT1
 
 Each step is a command of its own (mtsa-prepare-data, mtsa-train-seeds, mtsa-score, mtsa-significance) run with
 this interpreter; OUT keeps their outputs (data/, runs/, results/, report.*). Rerunning the same command reuses the
-prepared data, skips finished runs and existing result files, resumes interrupted runs, and rewrites the report.
+prepared data, skips finished runs and existing result files (scoring again those older than their run's
+checkpoint_last.pt), resumes interrupted runs, and rewrites the report.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments import CONFIGS, command
 from mtsa_fairseq.experiments.processes import RunLock, run_command
-from mtsa_fairseq.experiments.translation.pipeline import check_configs, run_pipeline
+from mtsa_fairseq.experiments.translation.pipeline import check_configs, run_pipeline, test_sets
 
 
 def _main() -> None:
@@ -59,6 +60,11 @@ def _main() -> None:
 
     if args.data and args.train:
         parser.error("give either --data (prepared) or --train/--test (raw), not both")
+    if args.data:
+        given = [f"--{name.replace('_', '-')}" for name in ("source_lang", "target_lang", "vocab_size", "workers")
+                 if getattr(args, name) != parser.get_default(name)]
+        if given:
+            parser.error(f"{', '.join(given)} prepare raw data; --data {args.data} is prepared already")
     if args.train and not args.test:
         parser.error("--train needs at least one --test set to score")
     if (args.valid or args.test) and not args.train:
@@ -78,6 +84,10 @@ def _main() -> None:
                 parser.error(f"{path} does not exist")
     if args.data and not (args.data / "manifest.json").is_file():
         parser.error(f"--data {args.data} has no manifest.json (prepare it with scripts/prepare_data.py)")
+    if args.data and not args.train_only and not test_sets(args.data):
+        parser.error(f"--data {args.data} has no test set to score (prepare it with --test, or pass --train-only)")
+    if args.names[0] == args.names[1]:
+        parser.error("--names must name the two systems differently")
     if args.vocab_size is None:
         args.vocab_size = 32000 if args.train else 100
 

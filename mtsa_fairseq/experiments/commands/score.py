@@ -9,6 +9,7 @@ Option errors exit with status 2, errors in the inputs (run record, checkpoint, 
 import argparse
 import ast
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -77,7 +78,15 @@ def resolve_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
     for name in ("reference", "spm_model", "source_lang", "target_lang"):
         if getattr(args, name) is not None:
             parser.error(f"--{name.replace('_', '-')} goes with --data-bin; --data reads it from manifest.json")
+    if args.gen_subset != parser.get_default("gen_subset"):
+        parser.error("--gen-subset goes with --data-bin; --data translates the test set --test names")
     return scoring.inputs_from_manifest(args.data, scoring.read_manifest(args.data), args.test)
+
+
+# What --rescore leaves as recorded: every option but --target-lang.
+_NOT_WITH_RESCORE = ("data", "test", "data_bin", "gen_subset", "reference", "spm_model", "source_lang", "result",
+                     "overwrite", "system", "setup", "seed", "allow_diverged", "beam", "lenpen", "max_len_a",
+                     "max_len_b", "max_tokens", "batch_size", "model_overrides", "cpu", "fp16")
 
 
 def _is_dict_literal(text: str) -> bool:
@@ -100,14 +109,20 @@ def _main() -> None:
         value = getattr(args, option)
         if value is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be positive")
-    if args.max_len_a < 0:
-        parser.error("--max-len-a must not be negative")
+    if not (math.isfinite(args.max_len_a) and args.max_len_a >= 0):
+        parser.error("--max-len-a must be a finite number, not negative")
+    if not math.isfinite(args.lenpen):
+        parser.error("--lenpen must be a finite number")
+    if args.cpu and args.fp16:
+        parser.error("--fp16 translates on a GPU; --cpu translates in float32")
     if args.model_overrides is not None and not _is_dict_literal(args.model_overrides):
         parser.error(f"--model-overrides must be a dict literal such as \"{{'mtsa_kernel': 'auto'}}\", "
                      f"not {args.model_overrides!r}")
-    if args.max_tokens is None and args.batch_size is None:
-        args.max_tokens = 4096
     if args.rescore:
+        given = [f"--{name.replace('_', '-')}" for name in _NOT_WITH_RESCORE
+                 if getattr(args, name) != parser.get_default(name)]
+        if given:
+            parser.error(f"--rescore recomputes the BLEU of the recorded hypotheses: {', '.join(given)} cannot apply")
         if not args.target_lang:
             parser.error("--rescore needs --target-lang (the Moses tokeniser's language)")
         for path in args.rescore:
@@ -116,8 +131,12 @@ def _main() -> None:
                 write_json(path, scoring.rescore(path, args.target_lang), indent=2)
             print(f"rescored {path}")
         return
+    if args.max_tokens is None and args.batch_size is None:
+        args.max_tokens = 4096
     if args.result is None:
         parser.error("--result is required")
+    if args.result.suffix != ".json" or args.result.is_dir():
+        parser.error(f"--result must name a JSON file (RESULT.json), not {args.result}")
     checkpoint, run = scoring.resolve_checkpoint(args.run_dir, args.checkpoint, args.allow_diverged)
     inputs = resolve_data(args, parser)
     check_dictionaries(run, checkpoint, inputs.data_bin, scoring.ScoringError)

@@ -71,8 +71,9 @@ def load_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     checked before anything trains (usage errors exit 2; an unreadable file or an option fairseq-train refuses 1)."""
     if len(set(args.archs)) != len(args.archs):
         parser.error("--archs must not repeat")
-    if args.max_update is not None and args.max_update <= 0:
-        parser.error("--max-update must be positive")
+    for name in ("max_update", "threads", "jobs"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
     try:
         extra = shlex.split(args.extra_args)
     except ValueError as exc:
@@ -100,6 +101,8 @@ def _main() -> None:
     args = parser.parse_args()
     if len(set(args.seeds)) != len(args.seeds):
         parser.error("--seeds must not repeat")
+    if args.reference is not None and args.reference not in args.archs:
+        parser.error(f"--reference {args.reference} is not among --archs")
     config, manifest, extra = load_training(parser, args)
     try:
         folds = plan_folds(manifest, args.folds, args.data)

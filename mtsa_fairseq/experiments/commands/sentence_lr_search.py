@@ -17,6 +17,7 @@ runs (an architecture's rate is chosen once all its rates have finished).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -57,8 +58,10 @@ def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> Non
 def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
-    if len(set(args.lrs)) != len(args.lrs) or min(args.lrs) <= 0:
-        parser.error("--lrs must be positive and must not repeat")
+    if not all(0 < lr < math.inf for lr in args.lrs):
+        parser.error("--lrs must be positive and finite")
+    if len(set(args.lrs)) != len(args.lrs):
+        parser.error("--lrs must not repeat")
     if sets_lr(args.extra_args):
         parser.error("--extra-args must not set --lr: the search sets it per run")
     config, manifest, extra = load_training(parser, args)

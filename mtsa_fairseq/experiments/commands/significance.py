@@ -66,9 +66,17 @@ def _main() -> None:
     outputs = [p for p in (args.markdown, args.json, args.plot) if p is not None]
     if len({p.resolve() for p in outputs}) != len(outputs):
         parser.error("--markdown, --json and --plot must be different files")
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        parser.error(f"--plot writes a PNG image: name it OUT.png, not {args.plot}")
+    inputs = {path.resolve() for result in args.baseline + args.system
+              for path in (result, result.with_name(f"{result.stem}.hyp.txt"))}  # the results and their hypotheses
     for path in outputs:
         if not path.parent.is_dir():
             parser.error(f"directory of {path} does not exist")
+        if path.resolve() in inputs:
+            parser.error(f"{path} is one of the compared result files or their hypotheses: write the report elsewhere")
+        if path.is_dir():
+            parser.error(f"{path} is a directory, not a file")
         if path.exists() and not args.overwrite:
             parser.error(f"{path} exists (pass --overwrite to replace it)")
     comparison = significance.compare(
@@ -80,16 +88,17 @@ def _main() -> None:
     report = significance.render_markdown(comparison, names)
     summary = json.dumps(significance.comparison_to_json(comparison, names), indent=2) + "\n"
     sys.stdout.write(report)
+    writing = None
     try:
-        if args.markdown:
-            write_atomic(args.markdown, report)
-        if args.json:
-            write_atomic(args.json, summary)
-        if args.plot:
+        for writing, text in ((args.markdown, report), (args.json, summary)):
+            if writing is not None:
+                write_atomic(writing, text)
+        if args.plot is not None:
+            writing = args.plot
             with atomic_path(args.plot) as tmp:
                 significance.plot(comparison, names, tmp)
     except OSError as exc:  # a full disk: the files written before stay whole, the others absent
-        raise SystemExit(f"error: {exc.strerror or exc} ({exc.filename or 'writing the report'})") from None
+        raise SystemExit(f"error: {exc.strerror or exc} (writing {writing})") from None
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA, checksums
+from mtsa_fairseq.contracts import SENTENCE_DATA_SCHEMA, checksums, not_found
 from mtsa_fairseq.experiments.errors import DataError
 from mtsa_fairseq.experiments.files import publish_dir, staging_dir
 
@@ -175,7 +175,7 @@ def input_files(cfg: SentenceDataConfig) -> dict[str, list[Path]]:
                 raise DataError(f"no {split} file: give --input DIR (with {name}) or --{split} FILE")
     for path in (p for paths in files.values() for p in paths):
         if not path.is_file():
-            raise DataError(f"file not found: {path}")
+            raise DataError(not_found("file", path))
     return files
 
 

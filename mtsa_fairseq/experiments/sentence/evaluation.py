@@ -43,8 +43,15 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
                                               else getattr(task_cfg, "data", None))
     if data_dir:  # before building: a dictionary of another size would fail there, of the same size not at all
         check_dictionaries(run_beside(checkpoint, EvaluationError), checkpoint, Path(data_dir), EvaluationError)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
-                                                                      state=state)
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
+                                                                          state=state)
+    except RuntimeError as exc:  # no run.json to check: the model built for the data has other shapes
+        if not str(exc).startswith("Error(s) in loading state_dict"):
+            raise
+        first = [line.strip() for line in str(exc).splitlines()[1:2]]  # the first of torch's mismatches
+        raise EvaluationError(": ".join([f"{checkpoint} does not match the data in {data_dir} (another dictionary or "
+                                         "dataset than it was trained on)", *first])) from None
     if getattr(cfg.task, "_name", None) != "sentence_encoding" and not hasattr(task, "kind"):
         raise EvaluationError(f"{checkpoint} is not a sentence_encoding checkpoint")
     return models[0], cfg, task, state

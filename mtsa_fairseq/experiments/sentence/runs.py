@@ -300,7 +300,7 @@ def _train(config: TaskConfig, run: Run, run_dir: Path, command: list[str], data
 
 def train_all(jobs: int, one: Callable[[Any], Any], runs: list) -> list:
     """``one(run)`` for every run, ``jobs`` at a time, in order; Ctrl-C or a kill stops every run's trainer."""
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
+    with ThreadPoolExecutor(jobs) as pool:
         try:
             return list(pool.map(one, runs))
         except BaseException:

@@ -17,7 +17,7 @@ from typing import TextIO
 
 import sentencepiece as spm
 
-from mtsa_fairseq.contracts import MANIFEST_SCHEMA, checksums, iter_lines, open_binary
+from mtsa_fairseq.contracts import MANIFEST_SCHEMA, checksums, iter_lines, not_found, open_binary
 from mtsa_fairseq.experiments.errors import DataError
 from mtsa_fairseq.experiments.files import publish_dir, staging_dir
 from mtsa_fairseq.experiments.processes import child_options, stop_group
@@ -121,7 +121,7 @@ def check_pair(src: Path, tgt: Path, what: str) -> int:
     counts = []
     for path in (src, tgt):
         if not path.is_file():
-            raise DataError(f"{what}: file not found: {path}")
+            raise DataError(f"{what}: {not_found('file', path)}")
         n = count_lines(path)
         if n == 0:
             raise DataError(f"{what}: empty file: {path}")
@@ -159,7 +159,7 @@ def validate(cfg: PrepareConfig) -> dict[str, int]:
         raise DataError(f"--valid-from-train must be at least 2, got {cfg.valid_every}")
     for flag, value, low in (("--vocab-size", cfg.vocab_size, 1), ("--max-tokens-per-sentence", cfg.max_tokens, 1),
                              ("--spm-input-sentence-size", cfg.spm_input_sentence_size, 1),
-                             ("--workers", cfg.workers, 1)):
+                             ("--workers", cfg.workers, 1), ("--seed", cfg.seed, 0)):
         if value < low:
             raise DataError(f"{flag} must be at least {low}, got {value}")
     if cfg.max_ratio is not None and cfg.max_ratio < 1:

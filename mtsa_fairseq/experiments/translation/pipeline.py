@@ -130,26 +130,41 @@ def train(args: argparse.Namespace, data: Path, command: Command) -> None:
             raise
 
 
+def test_sets(data: Path) -> list[str]:
+    """The test sets of a prepared data directory, in its manifest's order."""
+    return list(json.loads((data / "manifest.json").read_text())["tests"])
+
+
 def score(args: argparse.Namespace, data: Path, command: Command) -> dict[str, list[Path]]:
-    """Every run's result file on every test set of the data, by role (existing readable ones are kept)."""
-    tests = list(json.loads((data / "manifest.json").read_text())["tests"])
+    """Every run's result file on every test set of the data, by role. A readable result is kept unless its run's
+    ``checkpoint_last.pt`` is newer (the run trained on since it was scored)."""
     results: dict[str, list[Path]] = {"baseline": [], "system": []}
+    kept = 0
     for role, config in (("baseline", args.baseline_config), ("system", args.system_config)):
         for seed in args.seeds:
-            for test in tests:
+            for test in test_sets(data):
                 out = result_path(args.out, config, seed, test)
                 results[role].append(out)
+                checkpoint = run_dir(args.out, config, seed) / "checkpoint_last.pt"
+                again = []
                 if readable_json(out):
-                    continue
-                if out.exists():  # 0 bytes or cut short (by an older version on a full disk): not finished
+                    if not checkpoint.is_file() or checkpoint.stat().st_mtime <= out.stat().st_mtime:
+                        kept += 1
+                        continue
+                    log(f"  {out} scored an older checkpoint_last.pt (the run trained on since): scoring again")
+                    again = ["--overwrite"]
+                elif out.exists():  # 0 bytes or cut short (by an older version on a full disk): not finished
                     log(f"  {out} is empty or unreadable: scoring again")
                 out.parent.mkdir(parents=True, exist_ok=True)
                 cmd = ["--run-dir", str(run_dir(args.out, config, seed)), "--data", str(data), "--test", test,
-                       "--result", str(out)]
+                       "--result", str(out), *again]
                 cmd += (["--cpu"] if args.cpu else []) + shlex.split(args.score_args)
                 run_script(command, "score", *cmd, log_file=args.out / "score.log", threads=args.threads)
                 bleu = json.loads(out.read_text())["bleu"]
                 log(f"  {config.stem} seed {seed} {test}: sacreBLEU {bleu['sacrebleu']:.2f}")
+    if kept:
+        log(f"  kept {kept} result(s) scored before (--score-args apply to new scores only: delete a result to score "
+            "it again)")
     return results
 
 

@@ -31,6 +31,7 @@ from mtsa_fairseq.contracts import (
     MANIFEST_SCHEMA,
     RESULT_SCHEMA,
     check_checksums,
+    not_found,
     read_json,
     read_lines,
     read_run,
@@ -171,8 +172,9 @@ def rescore(path: Path, target_lang: str) -> dict[str, Any]:
     recorded = result.get("bleu") or {}
     for key, value in recorded.items():
         if key in bleu and bleu[key] != value:
+            cause = " or --target-lang" if key == "tokenized_compound_split" else ""  # Moses tokenises by language
             raise ScoringError(f"{path}: {key} recomputes to {bleu[key]!r}, not the recorded {value!r} (its "
-                               "hypotheses, references or scorer changed)")
+                               f"hypotheses, references or scorer changed{cause})")
     return {**result, "bleu": {**recorded, **bleu}}
 
 
@@ -200,7 +202,7 @@ def resolve_checkpoint(run_dir: Path | None, checkpoint: Path | None,
         raise ScoringError(f"run {run_dir} diverged (its last training loss is {run.get('last_loss')}): pass "
                            "--allow-diverged to score it anyway")
     if not checkpoint.is_file():
-        raise ScoringError(f"checkpoint not found: {checkpoint}")
+        raise ScoringError(not_found("checkpoint", checkpoint))
     return checkpoint, run
 
 
@@ -244,7 +246,7 @@ def read_references(path: Path, expected_lines: int | None = None) -> list[str]:
     """The reference lines, read as data preparation read them (:func:`mtsa_fairseq.contracts.iter_lines`): the
     file must exist, be valid UTF-8, be non-empty and match ``expected_lines`` when given."""
     if not Path(path).is_file():
-        raise ScoringError(f"reference file not found: {path}")
+        raise ScoringError(not_found("reference file", path))
     refs = read_lines(path, ScoringError)
     if not refs:
         raise ScoringError(f"reference file is empty: {path}")
@@ -258,8 +260,16 @@ def read_test_set(inputs: ScoringInputs) -> list[str]:
     sentencepiece model are found."""
     if not inputs.data_bin.is_dir():
         raise ScoringError(f"data-bin directory not found: {inputs.data_bin}")
-    if inputs.spm_model is not None and not inputs.spm_model.is_file():
-        raise ScoringError(f"sentencepiece model not found: {inputs.spm_model}")
+    if inputs.spm_model is not None:
+        if not inputs.spm_model.is_file():
+            raise ScoringError(f"sentencepiece model not found: {inputs.spm_model}")
+        import sentencepiece
+
+        try:
+            sentencepiece.SentencePieceProcessor(model_file=str(inputs.spm_model))
+        except (OSError, RuntimeError) as exc:
+            reason = str(exc).splitlines()[0]
+            raise ScoringError(f"{inputs.spm_model} is not a sentencepiece model ({reason})") from None
     return read_references(inputs.reference, inputs.lines)
 
 

@@ -162,6 +162,11 @@ def probe_budget(probe: Path, comparison: Comparison = STUDY) -> dict:
             runs = read_json(probe, STUDY_SCHEMA, "probe curves report", ValueError)["runs"]
         except ValueError as err:
             sys.exit(f"error: {err}")
+        probed = {run.get("config") for run in runs.values()}
+        wanted = {config.stem for config in comparison.configs.values()}
+        if not probed <= wanted:
+            sys.exit(f"error: {probe} probed {', '.join(sorted(map(str, probed)))}, not this recipe's "
+                     f"{', '.join(sorted(wanted))}: its budget is another recipe's")
     else:
         seeds = sorted({int(d.name.removeprefix("seed")) for config in comparison.configs.values()
                         for d in (probe / "runs" / config.stem).glob("seed*") if (d / "train.log").is_file()})

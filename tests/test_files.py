@@ -39,6 +39,15 @@ def test_atomic_path_renames_only_what_was_written_whole(tmp_path):
     assert out.read_bytes() == b"whole" and [p.name for p in tmp_path.iterdir()] == ["plot.png"]
 
 
+def test_a_failed_write_names_the_output_not_its_temporary(tmp_path):
+    """The one-line error of a command names the file it was asked for."""
+    (tmp_path / "out.md").mkdir()  # the rename onto a directory fails
+    with pytest.raises(OSError) as exc:
+        files.write_atomic(tmp_path / "out.md", "report")
+    assert exc.value.filename == str(tmp_path / "out.md") and exc.value.filename2 is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.md"]
+
+
 @pytest.mark.parametrize("text, readable", [("", False), ("{", False), ("[1]", False), ('{"a": 1}', True)])
 def test_readable_json(tmp_path, text, readable):
     (tmp_path / "r.json").write_text(text)

@@ -21,7 +21,8 @@ from mtsa_fairseq.experiments.processes import RunLock
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that wants a file name (e.g. matplotlib's ``savefig``):
-    when the block ends without an error the file is synced and renamed to ``path``; otherwise it is removed."""
+    when the block ends without an error the file is synced and renamed to ``path``; otherwise it is removed. An
+    OSError about the temporary names ``path`` instead."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")
     try:
@@ -29,6 +30,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if str(tmp) not in (str(err.filename), str(err.filename2)):
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # the rename itself reaches the disk with the directory

@@ -447,3 +447,14 @@ def test_the_toy_corpus_command_never_replaces_a_corpus_unasked(tmp_path):
     assert (tmp_path / "raw" / "train.en").read_text() == before
     proc = subprocess.run([*make, *sizes, "--seed", "3", "--overwrite"], capture_output=True, text=True, env=ENV)
     assert proc.returncode == 0 and (tmp_path / "raw" / "train.en").read_text() != before
+
+
+@pytest.mark.parametrize("option", [("--vocab-size", "0"), ("--workers", "0"), ("--character-coverage", "2"),
+                                    ("--valid-from-train", "1")])
+def test_option_values_no_input_makes_right_are_usage_errors(tmp_path, option):
+    """Option errors exit 2, before any file is read (inputs and runs exit 1)."""
+    held_out = [] if option[0] == "--valid-from-train" else ["--valid-from-train", "100"]
+    proc = run_script("--source-lang", "en", "--target-lang", "de", "--train", tmp_path / "a.en", tmp_path / "a.de",
+                      "--out", tmp_path / "out", *held_out, *option)
+    assert proc.returncode == 2 and f"error: {option[0]} must" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert not (tmp_path / "out").exists()

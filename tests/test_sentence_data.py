@@ -398,6 +398,14 @@ def test_option_errors(tmp_path, dataset, options, message):
         run(dataset, tmp_path / "out", **options)
 
 
+def test_the_command_exits_2_on_option_errors(tmp_path):
+    """Option errors are usage errors (status 2), before any file is read; input errors exit 1."""
+    proc = run_script("trec", "--input", tmp_path, "--out", tmp_path / "out", "--valid-fraction", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("error: --valid-fraction must be between 0 and 1, got 1.0")
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_and_empty_input_files(tmp_path):
     root = trec_dir(tmp_path / "in")
     (root / "TREC_10.label").unlink()

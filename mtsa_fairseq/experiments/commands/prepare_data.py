@@ -14,6 +14,7 @@ from mtsa_fairseq.experiments.translation.data_prep import (
     Corpus,
     NamedCorpus,
     PrepareConfig,
+    check_options,
     prepare,
 )
 
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     cfg = PrepareConfig(
         source_lang=args.source_lang, target_lang=args.target_lang,
         train=[Corpus(src, tgt) for src, tgt in args.train], out=args.out,
@@ -71,6 +73,10 @@ def _main(argv: list[str] | None = None) -> None:
         max_ratio=args.max_length_ratio, normalization=args.normalization, workers=args.workers, seed=args.seed,
         overwrite=args.overwrite,
     )
+    try:
+        check_options(cfg)
+    except DataError as err:
+        parser.error(str(err))
     prepare(cfg, log=lambda line: print(line, flush=True))
 
 

@@ -14,6 +14,7 @@ from mtsa_fairseq.experiments.sentence.data import (
     DataError,
     SentenceDataConfig,
     prepare,
+    resolve,
 )
 
 
@@ -63,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    cfg = SentenceDataConfig(**vars(build_parser().parse_args(argv)))  # the options are the config's fields
+    parser = build_parser()
+    cfg = SentenceDataConfig(**vars(parser.parse_args(argv)))  # the options are the config's fields
+    try:
+        resolve(cfg)  # options that do not apply, or values out of range: usage errors
+    except DataError as err:
+        parser.error(str(err))
     prepare(cfg, log=lambda line: print(line, flush=True))
 
 

@@ -143,9 +143,8 @@ def _check_dir_target(out: Path, overwrite: bool) -> None:
                             "(no manifest.json)")
 
 
-def validate(cfg: PrepareConfig) -> dict[str, int]:
-    """Check everything that can be checked before writing; return line counts by split name: ``train`` (all
-    training pairs, held-out valid ones included), ``valid``, and each test name."""
+def check_options(cfg: PrepareConfig) -> None:
+    """Raise :class:`DataError` for option values that no input makes right (the command's usage errors)."""
     for flag, lang in (("--source-lang", cfg.source_lang), ("--target-lang", cfg.target_lang)):
         if not _NAME.fullmatch(lang):
             raise DataError(f"{flag} {lang!r} is not a valid language code (letters, digits, '.', '_', '-')")
@@ -176,6 +175,13 @@ def validate(cfg: PrepareConfig) -> dict[str, int]:
             raise DataError(f"--test name {name!r} must be letters, digits, '.', '_', '-' (it names raw/ files)")
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise DataError(f"duplicate --test name: {', '.join(dupes)}")
+
+
+def validate(cfg: PrepareConfig) -> dict[str, int]:
+    """Check everything that can be checked before writing (:func:`check_options`, the output directory, the
+    files); return line counts by split name: ``train`` (all training pairs, held-out valid ones included),
+    ``valid``, and each test name."""
+    check_options(cfg)
     _check_dir_target(cfg.out, cfg.overwrite)
 
     counts = {"train": sum(check_pair(c.src, c.tgt, "--train") for c in cfg.train)}

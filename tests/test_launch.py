@@ -523,6 +523,7 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
 
 @pytest.mark.parametrize("options, message", [
     (LaunchOptions(extra_args=("--seed", "3")), "--seed is set by the launcher"),
+    (LaunchOptions(extra_args=("--arch", "transformer_tiny")), "--arch is the config's (its system)"),
     (LaunchOptions(extra_args=("--max-tokenz", "3")), "'--max-tokenz' is not a fairseq-train option"),
     (LaunchOptions(launcher="torchrun", nnodes=2, cpu=True), "needs --master-addr"),
     (LaunchOptions(launcher="slurm", cpu=True, nnodes=2), "--launcher slurm --cpu runs one task on one node"),

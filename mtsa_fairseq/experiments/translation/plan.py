@@ -130,6 +130,8 @@ def _check_extra_args(extra: list[str]) -> None:
         name = token.split("=")[0]
         if name.startswith("--") and name[2:] in LAUNCHER_OPTIONS:
             raise LaunchError(f"--extra-args: {name} is set by the launcher")
+        if name in ("--arch", "-a"):  # run.json and the reports name the config's system
+            raise LaunchError("--extra-args: --arch is the config's (its system); write another config for another")
 
 
 def _tokens_per_update(max_tokens: Any, update_freq: Any, world: int) -> int | None:

@@ -48,14 +48,14 @@ def check_device(parser: argparse.ArgumentParser, device: str, memory: bool = Fa
     import torch
 
     try:
-        kind = torch.device(device).type
+        parsed = torch.device(device)
     except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda"):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
         parser.error(f"--device must be cpu or cuda[:N], not {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if parsed.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    if kind == "cuda" and (torch.device(device).index or 0) >= torch.cuda.device_count():
+    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
         parser.error(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
     if memory and not can_measure(device):
         parser.error(f"cannot measure peak memory on {device} here (CPU needs Linux's /proc/self/clear_refs)")

@@ -20,6 +20,7 @@ from mtsa_fairseq.contracts import BLEU_METRICS
 from mtsa_fairseq.experiments import significance
 from mtsa_fairseq.experiments.files import atomic_path, write_atomic
 from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.translation.scoring import hypotheses_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,8 +69,7 @@ def _main() -> None:
         parser.error("--markdown, --json and --plot must be different files")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         parser.error(f"--plot writes a PNG image: name it OUT.png, not {args.plot}")
-    inputs = {path.resolve() for result in args.baseline + args.system
-              for path in (result, result.with_name(f"{result.stem}.hyp.txt"))}  # the results and their hypotheses
+    inputs = {path.resolve() for result in args.baseline + args.system for path in (result, hypotheses_path(result))}
     for path in outputs:
         if not path.parent.is_dir():
             parser.error(f"directory of {path} does not exist")

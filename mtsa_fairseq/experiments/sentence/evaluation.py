@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, check_dictionaries, relative_path, run_beside
+from mtsa_fairseq.contracts import SENTENCE_RESULT_SCHEMA, check_dictionaries, not_found, relative_path, run_beside
 from mtsa_fairseq.experiments.files import write_json
 
 
@@ -24,7 +24,7 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
     import mtsa_fairseq.plugin  # noqa: F401  (the architectures, and what fairseq checkpoints pickle)
 
     if not checkpoint.is_file():
-        raise EvaluationError(f"checkpoint not found: {checkpoint}")
+        raise EvaluationError(not_found("checkpoint", checkpoint))
     overrides: dict[str, Any] = {}
     if data is not None:
         overrides["data"] = str(data)

@@ -139,13 +139,15 @@ def score(args: argparse.Namespace, data: Path, command: Command) -> dict[str, l
     """Every run's result file on every test set of the data, by role. A readable result is kept unless its run's
     ``checkpoint_last.pt`` is newer (the run trained on since it was scored)."""
     results: dict[str, list[Path]] = {"baseline": [], "system": []}
+    tests = test_sets(data)
     kept = 0
     for role, config in (("baseline", args.baseline_config), ("system", args.system_config)):
         for seed in args.seeds:
-            for test in test_sets(data):
+            run = run_dir(args.out, config, seed)
+            checkpoint = run / "checkpoint_last.pt"
+            for test in tests:
                 out = result_path(args.out, config, seed, test)
                 results[role].append(out)
-                checkpoint = run_dir(args.out, config, seed) / "checkpoint_last.pt"
                 again = []
                 if readable_json(out):
                     if not checkpoint.is_file() or checkpoint.stat().st_mtime <= out.stat().st_mtime:
@@ -156,8 +158,7 @@ def score(args: argparse.Namespace, data: Path, command: Command) -> dict[str, l
                 elif out.exists():  # 0 bytes or cut short (by an older version on a full disk): not finished
                     log(f"  {out} is empty or unreadable: scoring again")
                 out.parent.mkdir(parents=True, exist_ok=True)
-                cmd = ["--run-dir", str(run_dir(args.out, config, seed)), "--data", str(data), "--test", test,
-                       "--result", str(out), *again]
+                cmd = ["--run-dir", str(run), "--data", str(data), "--test", test, "--result", str(out), *again]
                 cmd += (["--cpu"] if args.cpu else []) + shlex.split(args.score_args)
                 run_script(command, "score", *cmd, log_file=args.out / "score.log", threads=args.threads)
                 bleu = json.loads(out.read_text())["bleu"]

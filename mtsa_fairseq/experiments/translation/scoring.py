@@ -156,6 +156,11 @@ def build_result(*, system: str, setup: str | None, arch: str, seed: int | None,
             **({"diverged": True} if diverged else {})}
 
 
+def hypotheses_path(result_path: Path) -> Path:
+    """Where the hypotheses of the result ``result_path`` are written: ``<stem>.hyp.txt`` beside it."""
+    return result_path.with_name(f"{result_path.stem}.hyp.txt")
+
+
 def result_file(result: dict[str, Any], key: str, path: Path) -> Path:
     """The file a result read from ``path`` names under ``key`` (``checkpoint``, ``hypotheses``, ``references``):
     relative to ``path``'s folder, or absolute (older results)."""
@@ -262,7 +267,7 @@ def read_test_set(inputs: ScoringInputs) -> list[str]:
         raise ScoringError(f"data-bin directory not found: {inputs.data_bin}")
     if inputs.spm_model is not None:
         if not inputs.spm_model.is_file():
-            raise ScoringError(f"sentencepiece model not found: {inputs.spm_model}")
+            raise ScoringError(not_found("sentencepiece model", inputs.spm_model))
         import sentencepiece
 
         try:
@@ -353,7 +358,7 @@ def score_checkpoint(checkpoint: Path, inputs: ScoringInputs, references: Sequen
                            source_lang=inputs.source_lang or info.source_lang, target_lang=target_lang,
                            **generation, **device)
     hypotheses = detokenize(hypotheses, inputs.spm_model)
-    hyp_path = result_path.with_name(result_path.stem + ".hyp.txt")
+    hyp_path = hypotheses_path(result_path)
     result = build_result(
         system=system or run.get("system") or info.arch, setup=setup or run.get("setup"), arch=info.arch,
         seed=seed if seed is not None else run.get("seed", info.seed), checkpoint=checkpoint,

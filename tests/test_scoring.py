@@ -214,6 +214,25 @@ def test_score_explicit_data_bin(trained, tmp_path):
     assert [sources[str(i)] for i in range(20)] == scoring.read_lines(root / "raw/test.en")
 
 
+def test_fp16_translation_is_recorded_in_the_result(trained, tmp_path, monkeypatch):
+    """--fp16 changes the hypotheses: the result's generation block says it was given (CPU: fairseq-generate is
+    replaced by the references themselves)."""
+    root, seen = trained, {}
+
+    def translate(checkpoint, inputs, num_sentences, log_path, **options):
+        seen.update(options)
+        return scoring.read_lines(root / "raw/test.de")
+
+    monkeypatch.setattr(scoring, "translate", translate)
+    out = tmp_path / "fp16.json"
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--checkpoint", str(root / "ckpt/checkpoint_last.pt"), "--data-bin",
+                                      str(root / "bin"), "--gen-subset", "test", "--reference",
+                                      str(root / "raw/test.de"), "--result", str(out), "--fp16"])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert seen["fp16"] is True and "cpu" in seen
+    assert json.loads(out.read_text())["generation"] == {"beam": 4, "lenpen": 0.6, "max_len_a": 0, "max_len_b": 200,
+                                                          "fp16": True}
+
 @pytest.mark.slow
 def test_a_checkpoint_saved_with_the_triton_kernel_scores_on_the_cpu_with_model_overrides(trained, tmp_path):
     """On the CPU such a checkpoint fails with one line saying how to choose another kernel; with

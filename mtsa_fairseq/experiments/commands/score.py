@@ -153,9 +153,10 @@ def _main() -> None:
                 checkpoint, inputs, references, args.result, run=run,
                 generation={"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a,
                             "max_len_b": args.max_len_b,
-                            **({"model_overrides": args.model_overrides} if args.model_overrides else {})},
+                            **({"model_overrides": args.model_overrides} if args.model_overrides else {}),
+                            **({"fp16": True} if args.fp16 else {})},
                 system=args.system, setup=args.setup, seed=args.seed, test_set=args.test,
-                max_tokens=args.max_tokens, batch_size=args.batch_size, cpu=args.cpu, fp16=args.fp16)
+                max_tokens=args.max_tokens, batch_size=args.batch_size, cpu=args.cpu)
         except OSError as exc:  # a full disk, a vanished directory: the previous files stay whole
             sys.exit(f"error: {exc.strerror or exc} ({exc.filename or args.result})")
     bleu = result["bleu"]

@@ -344,10 +344,11 @@ def score_checkpoint(checkpoint: Path, inputs: ScoringInputs, references: Sequen
                      setup: str | None = None, seed: int | None = None, test_set: str | None = None,
                      **device: Any) -> dict[str, Any]:
     """Translate the test set ``inputs`` with ``checkpoint`` (``generation``: beam, lenpen, max_len_a, max_len_b and any
-    model_overrides, recorded in the result; ``device``: :func:`generate_command`'s max_tokens, batch_size, cpu, fp16),
-    score it against ``references``, write the hypotheses (``<stem>.hyp.txt``) and then the result ``result_path``, each
-    atomically, so that a result always has its hypotheses; return the result. ``system``, ``setup`` and ``seed``
-    default to the run record ``run``'s, then to the checkpoint's; ``test_set`` to the subset's name."""
+    model_overrides and fp16, recorded in the result; ``device``: :func:`generate_command`'s max_tokens, batch_size,
+    cpu), score it against ``references``, write the hypotheses (``<stem>.hyp.txt``) and then the result
+    ``result_path``, each atomically, so that a result always has its hypotheses; return the result. ``system``,
+    ``setup`` and ``seed`` default to the run record ``run``'s, then to the checkpoint's; ``test_set`` to the
+    subset's name."""
     run = run or {}
     info = checkpoint_info(checkpoint, inputs.data_bin)
     target_lang = inputs.target_lang or info.target_lang

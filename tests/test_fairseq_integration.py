@@ -250,6 +250,12 @@ def test_mtsa_kernel_option_reaches_every_mtsa_layer(tmp_path):
     assert {m.kernel for m in model.modules() if isinstance(m, MTSAMultiheadAttention)} == {"auto"}
 
 
+def test_mtsa_options_without_an_mtsa_layer_are_refused_at_build(tmp_path):
+    with pytest.raises(ValueError, match="--mtsa-s2t-bias-init has no effect: no layer uses MTSA"):
+        _build(tmp_path, "transformer_mtsa_tiny", "--encoder-self-attention-type", "standard",
+               "--mtsa-s2t-bias-init", "5", vocab=48)
+
+
 def test_decoder_mtsa_rejects_exp_source2token_at_build(tmp_path):
     with pytest.raises(ValueError, match="--mtsa-s2t-activation"):
         _build(tmp_path, "transformer_mtsa_tiny", "--decoder-self-attention-type", "mtsa",

@@ -537,6 +537,8 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
      "fairseq-train: --decoder-self-attention-type mtsa needs --mtsa-s2t-activation sigmoid or scaled_sigmoid"),
     (LaunchOptions(extra_args=("--mtsa-bi-directional", "--encoder-attention-heads", "3")),
      "needs an even --encoder-attention-heads, got 3"),
+    (LaunchOptions(extra_args=("--encoder-self-attention-type", "standard", "--mtsa-kernel", "dense")),
+     "fairseq-train: --mtsa-kernel has no effect: no layer uses MTSA"),
 ])
 def test_plan_rejects_inconsistent_options(corpus, tmp_path, options, message):
     config = write_config(tmp_path / "configs")

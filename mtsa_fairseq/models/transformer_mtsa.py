@@ -57,8 +57,14 @@ def mtsa_option(cfg: Namespace | TransformerConfig, name: str) -> Any:
 
 
 def check_mtsa_options(cfg: TransformerConfig) -> None:
-    """Raise ValueError for MTSA options that cannot build a model (called by the layers, and by the experiment
-    tooling before it launches fairseq-train)."""
+    """Raise ValueError for MTSA options that cannot build a model, or that no layer would use (called by the model
+    and its MTSA layers, and by the experiment tooling before it launches fairseq-train)."""
+    if "mtsa" not in (mtsa_option(cfg, "encoder_self_attention_type"), mtsa_option(cfg, "decoder_self_attention_type")):
+        unused = [option.flag for option in MTSA_OPTIONS
+                  if option.flag.startswith("--mtsa-") and mtsa_option(cfg, option.dest) != option.default]
+        if unused:
+            raise ValueError(f"{unused[0]} has no effect: no layer uses MTSA (--encoder-self-attention-type and "
+                             "--decoder-self-attention-type are both standard)")
     if (mtsa_option(cfg, "encoder_self_attention_type") == "mtsa" and mtsa_option(cfg, "mtsa_bi_directional")
             and cfg.encoder.attention_heads % 2):
         raise ValueError("--mtsa-bi-directional splits the heads into forward and backward halves and needs an "
@@ -241,6 +247,11 @@ class TransformerMTSAModel(TransformerModel):
         group = parser.add_argument_group("MTSA self-attention")
         for option in MTSA_OPTIONS:
             option.add_to(group)
+
+    @classmethod
+    def build_model(cls, args: Namespace, task: Any) -> TransformerMTSAModel:
+        check_mtsa_options(TransformerConfig.from_namespace(args))
+        return super().build_model(args, task)
 
     @classmethod
     def build_encoder(cls, args: Namespace, src_dict: Dictionary, embed_tokens: nn.Embedding) -> TransformerEncoder:

@@ -19,6 +19,7 @@ from mtsa_fairseq.experiments.significance import detectable_difference, equival
 from mtsa_fairseq.experiments.tables import render
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import (
+    bleu_kinds,
     study_paired_table,
     study_runs_table,
     study_table,
@@ -94,6 +95,8 @@ def test_check_names_a_stale_table_and_a_rewrite_fixes_it(tmp_path, monkeypatch,
     ("<!-- table r.json anchor value=1 label=CNN n=3.5 -->\n<!-- /table -->\n",
      "n= must be a whole number of test items, not '3.5'"),
     ("<!-- table r.json study margin=wide -->\n<!-- /table -->\n", "margin= must be a number, not 'wide'"),
+    ("<!-- table r.json study bleu=cased,bleu4 -->\n<!-- /table -->\n",
+     "bleu= must be some of cased, lowercased, tokenized, comma-separated, not 'cased,bleu4'"),
     ("<!-- table r.json bench-encoders part=one -->\n<!-- /table -->\n", "part= must be a whole number, not 'one'"),
 ])
 def test_a_broken_marker_is_one_line_naming_the_place(tmp_path, monkeypatch, capsys, marker, message):
@@ -337,6 +340,9 @@ def test_study_tables_show_both_checkpoints_both_bleus_the_pairs_and_every_run()
     lowercased = study_table({**report, "summary_lowercased": report["summary"]})
     assert [row.split(" | ")[2] for row in lowercased[2:]] == ["sacreBLEU", "sacreBLEU, lowercased",
                                                               "tokenized, compound-split"] * 2
+    # bleu=: only the kinds named, in the table's order
+    cased = study_table({**report, "summary_lowercased": report["summary"]}, bleu=bleu_kinds("cased"))
+    assert cased == [lowercased[0], lowercased[1], lowercased[2], lowercased[5]]
     runs = study_runs_table(report)
     assert runs[0].endswith("| test_2016_flickr last | test_2016_flickr average of the last 5 |") and len(runs) == 6
     assert runs[2] == "| Transformer | 1 | 6,864 | 9,000 | — | 40.00 (528) | 39.50 | -0.50 | 39.00 | 39.50 |"

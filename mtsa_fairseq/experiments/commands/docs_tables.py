@@ -30,7 +30,13 @@ from mtsa_fairseq.experiments.sentence.report import (
 )
 from mtsa_fairseq.experiments.tables import Kind, Option, TableError, render
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau_table
-from mtsa_fairseq.experiments.translation.study_tables import study_paired_table, study_runs_table, study_table
+from mtsa_fairseq.experiments.translation.study_tables import (
+    BLEU_KINDS,
+    bleu_kinds,
+    study_paired_table,
+    study_runs_table,
+    study_table,
+)
 
 
 def launches_table(report: dict, names: dict[str, str]) -> list[str]:
@@ -72,9 +78,12 @@ KINDS = {  # kind -> its table function, options and help
                    "chosen"),
     "curves": Kind(curves_table, help="a curves JSON: every run's validation BLEU and loss per validated update"),
     "plateau": Kind(plateau_table, help="a curves JSON: the budget rule per run"),
-    "study": Kind(study_table, {"margin": Option("margin", float, "a number")},
+    "study": Kind(study_table, {"margin": Option("margin", float, "a number"),
+                                "bleu": Option("bleu", bleu_kinds, f"some of {', '.join(BLEU_KINDS)}, "
+                                               "comma-separated")},
                   "a study.json: both systems' mean ± sd, the difference and its 95% interval, Welch's test, the "
-                  "equivalence test within ±margin=M (default 0.45), the difference detectable at 80% power"),
+                  "equivalence test within ±margin=M (default 0.45), the difference detectable at 80% power "
+                  f"(bleu=A,B: only those of {', '.join(BLEU_KINDS)})"),
     "study-paired": Kind(study_paired_table, help="a study.json: the paired tests per seed"),
     "study-runs": Kind(study_runs_table, help="a study.json: per run updates, time, throughput, validation and test "
                        "BLEU"),

@@ -9,8 +9,17 @@ from typing import Any
 from mtsa_fairseq.experiments.significance import POWER, detectable_difference, equivalence_test, format_p
 from mtsa_fairseq.experiments.tables import markdown_table
 
-BLEU_KINDS = {"summary": "sacreBLEU", "summary_lowercased": "sacreBLEU, lowercased",
-              "summary_tokenized": "tokenized, compound-split"}
+# a study.json's BLEU summaries: the name a marker's bleu= option gives, its key and the table's label
+BLEU_KINDS = {"cased": ("summary", "sacreBLEU"), "lowercased": ("summary_lowercased", "sacreBLEU, lowercased"),
+              "tokenized": ("summary_tokenized", "tokenized, compound-split")}
+
+
+def bleu_kinds(text: str) -> tuple[str, ...]:
+    """The BLEU kinds named by ``text`` (comma-separated names of :data:`BLEU_KINDS`); ValueError for another."""
+    names = tuple(text.split(","))
+    if not names or any(name not in BLEU_KINDS for name in names):
+        raise ValueError(text)
+    return names
 
 
 def _systems(report: dict[str, Any], names: dict[str, str]) -> tuple[str, str, str, str]:
@@ -35,10 +44,12 @@ def welch_interval(row: dict[str, Any], baseline: str, system: str, level: float
     return diff - half, diff + half
 
 
-def study_table(report: dict[str, Any], names: dict[str, str] | None = None, margin: float = 0.45) -> list[str]:
-    """Per test set, checkpoint kind and BLEU: both systems' mean ± sd (runs), the difference with its 95%
-    confidence interval, Welch's test, the equivalence test within ±``margin`` (two one-sided Welch t-tests) and
-    the difference Welch's test detects with 80% power at these sds (two-sided alpha 0.05)."""
+def study_table(report: dict[str, Any], names: dict[str, str] | None = None, margin: float = 0.45,
+                bleu: tuple[str, ...] = tuple(BLEU_KINDS)) -> list[str]:
+    """Per test set, checkpoint kind and BLEU (the kinds ``bleu`` of :data:`BLEU_KINDS`): both systems' mean ± sd
+    (runs), the difference with its 95% confidence interval, Welch's test, the equivalence test within ±``margin``
+    (two one-sided Welch t-tests) and the difference Welch's test detects with 80% power at these sds (two-sided
+    alpha 0.05)."""
     baseline, system, base_name, sys_name = _systems(report, names or {})
     header = ["test set", "checkpoint", "BLEU", base_name, sys_name, f"{sys_name} − {base_name}", "95% CI", "t (df)",
               "p (two-sided)", f"p ({sys_name} > {base_name})", f"p (equivalent within ±{margin:g})",
@@ -46,7 +57,7 @@ def study_table(report: dict[str, Any], names: dict[str, str] | None = None, mar
     rows = []
     for test, kinds in report["summary"].items():
         for kind in kinds:
-            for key, bleu in BLEU_KINDS.items():
+            for key, label in (BLEU_KINDS[name] for name in bleu):
                 if key not in report:  # a study scored before lowercased BLEU was recorded
                     continue
                 row = report[key][test][kind]
@@ -56,7 +67,7 @@ def study_table(report: dict[str, Any], names: dict[str, str] | None = None, mar
                 stats = [row[s][key] for s in (baseline, system) for key in ("mean", "std", "n")]
                 equivalence = equivalence_test(*stats, margin)
                 detectable = detectable_difference(*stats[1:3], *stats[4:6])
-                rows.append([test, _checkpoint(report, kind), bleu, *sides,
+                rows.append([test, _checkpoint(report, kind), label, *sides,
                              f"{row[system]['mean'] - row[baseline]['mean']:+.2f}", f"{low:+.2f} to {high:+.2f}",
                              f"{welch['t']:.2f} ({welch['df']:.1f})", format_p(welch["p_two_sided"]),
                              format_p(welch["p_greater"]), format_p(equivalence.p), f"{detectable:.2f}"])

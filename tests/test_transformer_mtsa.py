@@ -83,6 +83,31 @@ def test_a_layer_whose_products_underflow_runs_again_with_every_layer_after_it(t
     assert all(torch.isfinite(p.grad).all() for p in encoder.parameters() if p.grad is not None)
 
 
+def test_with_layerdrop_the_layers_that_ran_run_again(tmp_path, monkeypatch):
+    """--encoder-layerdrop: from the layer that underflowed on, a pass runs again the layers it ran (not a new draw,
+    not none); in evaluation every layer runs, as without layerdrop."""
+    encoder = build(tmp_path, "transformer_mtsa_tiny", "--dropout", "0", "--encoder-layerdrop", "0.5").encoder
+    with torch.no_grad():
+        encoder.layers[1].self_attn.s2t.bias.fill_(-1e4)
+    calls = record_calls(monkeypatch, [encoder.layers[i] for i in range(3)])  # iterating the layers would drop some
+    tokens = sources()
+    draws = []
+    for seed in range(12):
+        torch.manual_seed(seed)
+        calls.clear()
+        encoder(tokens, None)
+        ran = sorted(set(calls))
+        assert calls == ran + ([index for index in ran if index >= 1] if 1 in ran else [])
+        draws.append(ran)
+    assert any(1 in ran and len(ran) < 3 for ran in draws)  # some pass dropped a layer and reran the others
+    encoder.eval()
+    calls.clear()
+    with torch.no_grad():
+        out = encoder(tokens, None)["encoder_out"][0]
+        assert calls == [0, 1, 2, 1, 2]
+        expected = layer_by_layer(encoder, tokens)
+    torch.testing.assert_close(out, encoder.layer_norm(expected) if encoder.layer_norm else expected)
+
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 def test_the_encoder_reads_the_host_twice_per_pass_where_fairseqs_reads_once_per_layer(tmp_path, padded):
     """MTSA: the most padding of a sequence before the layers, whether a layer underflowed after them, nothing in

@@ -172,11 +172,12 @@ class TransformerMTSAEncoder(TransformerEncoder):
                       padding_only: bool) -> list[tuple[Tensor, Tensor | None]]:
         """Each layer's ``(x, fc_result)``, the MTSA layers sharing one SharedPass (see the class docstring);
         ``padding_only``: whether a sequence is padding only."""
+        layers = list(self.layers)  # a LayerDropModuleList draws the layers it drops on each iteration: once here
         if torch.compiler.is_compiling():
-            return _run_layers(self.layers, x, padding)
+            return _run_layers(layers, x, padding)
         inputs, outputs, owners = [], [], []
         with shared_pass(SharedPass(every_row_has_key=not padding_only)) as shared:
-            for index, layer in enumerate(self.layers):
+            for index, layer in enumerate(layers):
                 inputs.append(x)
                 calls = len(shared.dens)
                 outputs += _run_layers([layer], x, padding)
@@ -186,7 +187,7 @@ class TransformerMTSAEncoder(TransformerEncoder):
         if first is None:
             return outputs
         index = owners[first]
-        return outputs[:index] + _run_layers(self.layers[index:], inputs[index], padding)
+        return outputs[:index] + _run_layers(layers[index:], inputs[index], padding)
 
 
 def _run_layers(layers, x: Tensor, padding: Tensor | None) -> list[tuple[Tensor, Tensor | None]]:

@@ -3,6 +3,7 @@
 import math
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -250,10 +251,17 @@ def test_mtsa_kernel_option_reaches_every_mtsa_layer(tmp_path):
     assert {m.kernel for m in model.modules() if isinstance(m, MTSAMultiheadAttention)} == {"auto"}
 
 
-def test_mtsa_options_without_an_mtsa_layer_are_refused_at_build(tmp_path):
-    with pytest.raises(ValueError, match="--mtsa-s2t-bias-init has no effect: no layer uses MTSA"):
-        _build(tmp_path, "transformer_mtsa_tiny", "--encoder-self-attention-type", "standard",
-               "--mtsa-s2t-bias-init", "5", vocab=48)
+@pytest.mark.parametrize("extra, message", [
+    (("--encoder-self-attention-type", "standard", "--mtsa-s2t-bias-init", "5"),
+     "--mtsa-s2t-bias-init has no effect: no layer uses MTSA"),
+    (("--encoder-self-attention-type", "standard", "--decoder-self-attention-type", "mtsa",
+      "--mtsa-s2t-activation", "sigmoid", "--mtsa-bi-directional"),
+     "--mtsa-bi-directional has no effect: it masks the encoder's MTSA heads"),
+    (("--mtsa-s2t-bias-init", "inf"), "--mtsa-s2t-bias-init must be finite, got inf"),
+])
+def test_mtsa_options_that_would_mislead_are_refused_at_build(tmp_path, extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _build(tmp_path, "transformer_mtsa_tiny", *extra, vocab=48)
 
 
 def test_decoder_mtsa_rejects_exp_source2token_at_build(tmp_path):

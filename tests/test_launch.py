@@ -539,8 +539,18 @@ def test_errors_exit_nonzero_and_write_nothing(corpus, tmp_path, case, message):
      "needs an even --encoder-attention-heads, got 3"),
     (LaunchOptions(extra_args=("--encoder-self-attention-type", "standard", "--mtsa-kernel", "dense")),
      "fairseq-train: --mtsa-kernel has no effect: no layer uses MTSA"),
+    (LaunchOptions(extra_args=("--encoder-self-attention-type", "standard", "--decoder-self-attention-type", "mtsa",
+                               "--mtsa-s2t-activation", "sigmoid",
+                               "--mtsa-bi-directional")),
+     "fairseq-train: --mtsa-bi-directional has no effect: it masks the encoder's MTSA heads"),
+    (LaunchOptions(extra_args=("--mtsa-s2t-bias-init", "nan")), "--mtsa-s2t-bias-init must be finite, got nan"),
+    (LaunchOptions(extra_args=("--mtsa-kernel", "sdpa-joint", "--attention-dropout", "0.1")),
+     "--mtsa-kernel sdpa-joint has no attention dropout: train with --attention-dropout 0 (got 0.1)"),
+    (LaunchOptions(extra_args=("--mtsa-kernel", "triton")),
+     "--mtsa-kernel triton runs on CUDA (on the CPU only under TRITON_INTERPRET=1)"),
 ])
-def test_plan_rejects_inconsistent_options(corpus, tmp_path, options, message):
+def test_plan_rejects_inconsistent_options(corpus, tmp_path, monkeypatch, options, message):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # under it the Triton kernel runs on the CPU
     config = write_config(tmp_path / "configs")
     with pytest.raises(LaunchError, match=re.escape(message)):
         plan(config, corpus / "prepared", [1], tmp_path / "runs", options)

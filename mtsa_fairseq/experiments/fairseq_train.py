@@ -113,7 +113,8 @@ def parse_fairseq_train(data: str, args: list[str], origins: dict[str, str] | No
         from mtsa_fairseq.models.transformer_mtsa import check_mtsa_options
 
         try:
-            check_mtsa_options(TransformerConfig.from_namespace(namespace))
+            check_mtsa_options(TransformerConfig.from_namespace(namespace), training=True,
+                              cpu=bool(namespace.cpu))
         except ValueError as err:
             raise ConfigError(f"fairseq-train: {err}") from None
     return namespace

@@ -5,6 +5,8 @@ its hooks (``build_encoder``/``build_decoder``, ``build_encoder_layer``/``build_
 
 from __future__ import annotations
 
+import math
+import os
 from argparse import ArgumentParser, Namespace
 from typing import TYPE_CHECKING, Any
 
@@ -42,8 +44,9 @@ MTSA_OPTIONS = (
            "(afn_extra); none = the single layer the authors ran", choices=("none", *sorted(ACTIVATIONS))),
     Option("--mtsa-kernel", "auto", "how the MTSA layers compute their attention core (mtsa_core's kernel): sdpa, "
            "two SDPA calls; auto, sdpa except for larger CPU batches with keys up to 256, there dense; sdpa-joint, "
-           "one SDPA call over the joined values (no attention dropout); dense, the scores materialised per query "
-           "chunk; triton, the fused Triton kernel (CUDA) (docs/kernel.md)",
+           "one SDPA call over the joined values (no attention dropout: for inference, or training with "
+           "--attention-dropout 0); dense, the scores materialised per query chunk; triton, the fused Triton kernel "
+           "(CUDA, with Triton installed) (docs/kernel.md)",
            choices=EXP_KERNELS),
     Option("--mtsa-bi-directional", False, "forward masks on the first half of the encoder heads, backward on the "
            "rest (diagonal included); off as the authors ran; the decoder is always causal"),
@@ -56,16 +59,30 @@ def mtsa_option(cfg: Namespace | TransformerConfig, name: str) -> Any:
     return option_value(cfg, _BY_DEST[name])
 
 
-def check_mtsa_options(cfg: TransformerConfig) -> None:
+def check_mtsa_options(cfg: TransformerConfig, training: bool = False, cpu: bool = False) -> None:
     """Raise ValueError for MTSA options that cannot build a model, or that no layer would use (called by the model
-    and its MTSA layers, and by the experiment tooling before it launches fairseq-train)."""
-    if "mtsa" not in (mtsa_option(cfg, "encoder_self_attention_type"), mtsa_option(cfg, "decoder_self_attention_type")):
+    and its MTSA layers). ``training`` (on the CPU: ``cpu``), as the experiment tooling checks before it launches
+    fairseq-train: also a kernel that cannot train so (``sdpa-joint`` with attention dropout, ``triton`` on the
+    CPU)."""
+    encoder = mtsa_option(cfg, "encoder_self_attention_type") == "mtsa"
+    if not encoder and mtsa_option(cfg, "decoder_self_attention_type") != "mtsa":
         unused = [option.flag for option in MTSA_OPTIONS
                   if option.flag.startswith("--mtsa-") and mtsa_option(cfg, option.dest) != option.default]
         if unused:
             raise ValueError(f"{unused[0]} has no effect: no layer uses MTSA (--encoder-self-attention-type and "
                              "--decoder-self-attention-type are both standard)")
-    if (mtsa_option(cfg, "encoder_self_attention_type") == "mtsa" and mtsa_option(cfg, "mtsa_bi_directional")
+    if not encoder and mtsa_option(cfg, "mtsa_bi_directional"):
+        raise ValueError("--mtsa-bi-directional has no effect: it masks the encoder's MTSA heads, and "
+                         "--encoder-self-attention-type is standard (the decoder's MTSA is always causal)")
+    if not math.isfinite(mtsa_option(cfg, "mtsa_s2t_bias_init")):
+        raise ValueError(f"--mtsa-s2t-bias-init must be finite, got {mtsa_option(cfg, 'mtsa_s2t_bias_init')}")
+    kernel = mtsa_option(cfg, "mtsa_kernel")
+    if training and kernel == "sdpa-joint" and cfg.attention_dropout > 0:
+        raise ValueError(f"--mtsa-kernel sdpa-joint has no attention dropout: train with --attention-dropout 0 "
+                         f"(got {cfg.attention_dropout}) or another kernel")
+    if training and cpu and kernel == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("--mtsa-kernel triton runs on CUDA (on the CPU only under TRITON_INTERPRET=1)")
+    if (encoder and mtsa_option(cfg, "mtsa_bi_directional")
             and cfg.encoder.attention_heads % 2):
         raise ValueError("--mtsa-bi-directional splits the heads into forward and backward halves and needs an "
                          f"even --encoder-attention-heads, got {cfg.encoder.attention_heads}")

@@ -106,6 +106,7 @@ def test_missing_user_dir_is_the_known_failure(trained):
     root, save = trained
     proc = run("fairseq-generate", str(root / "bin"), "--path", str(save / "checkpoint_last.pt"), "--cpu", check=False)
     assert proc.returncode != 0
+    assert "Unsupported global: GLOBAL argparse.Namespace" in proc.stderr  # the message README's Traps quote
 
 
 def test_from_pretrained_translates(trained):

@@ -379,6 +379,18 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
         f"error: {other / inputs[0].name} was trained with another dict.de.txt than {inputs[1]} (their run.json "
         "files record the dictionaries): average checkpoints of one vocabulary")
     assert not (tmp_path / "x.pt").exists()
+    state = load_checkpoint(inputs[0])  # the same parameters, trained as an ablation: refused; another kernel: not
+    model = state["cfg"]["model"]
+    assert model.arch == "transformer_mtsa_tiny" and model.mtsa_s2t_bias_init == 0.0
+    model.mtsa_s2t_bias_init = 5.0
+    torch.save(state, tmp_path / "bias5.pt")
+    with pytest.raises(SystemExit) as refused:
+        average_script("--inputs", str(inputs[1]), str(tmp_path / "bias5.pt"), "--averaged", str(tmp_path / "x.pt"))
+    assert refused.value.code == (f"error: {tmp_path / 'bias5.pt'} was trained with mtsa_s2t_bias_init 5.0, "
+                                  f"{inputs[1]} with 0.0: average checkpoints of one model configuration")
+    model.mtsa_s2t_bias_init, model.mtsa_kernel = 0.0, "dense"
+    torch.save(state, tmp_path / "dense.pt")
+    average_script("--inputs", str(inputs[1]), str(tmp_path / "dense.pt"), "--averaged", str(tmp_path / "x.pt"))
     gen = tool("fairseq-generate", str(corpus / "prepared/bin"), "--user-dir", USER_DIR, "--path", str(out), "--cpu",
                "--beam", "2", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0")
     assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 20

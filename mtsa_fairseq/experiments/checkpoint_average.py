@@ -1,7 +1,8 @@
 """Average the parameters of several fairseq checkpoints (e.g. a run's last N interval checkpoints): floating-point
 parameters are summed in float64 and cast back to their dtype, everything else (integer buffers, config, optimizer
-history) is the newest checkpoint's (the most updates). Checkpoints whose run.json files record different dictionaries
-are refused. Checkpoints are read with ``torch.load(weights_only=True)`` (:mod:`mtsa_fairseq.checkpoint_safety`)."""
+history) is the newest checkpoint's (the most updates). Checkpoints whose run.json files record different
+dictionaries, or whose models differ in arch or MTSA options (the kernel aside), are refused. Checkpoints are read
+with ``torch.load(weights_only=True)`` (:mod:`mtsa_fairseq.checkpoint_safety`)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,15 @@ def _check_same_dictionaries(paths: list[Path]) -> None:
                                "record the dictionaries): average checkpoints of one vocabulary")
 
 
+def model_options(state: dict[str, Any]) -> dict[str, Any]:
+    """What a loaded checkpoint's model computes with beyond its parameters' shapes: its arch and MTSA options (the
+    kernel aside: every kernel gives the same values)."""
+    model = (state.get("cfg") or {}).get("model") or state.get("args") or {}
+    options = vars(model) if hasattr(model, "__dict__") else dict(model)
+    return {key: value for key, value in options.items() if key == "arch" or key != "mtsa_kernel"
+            and (key.startswith("mtsa_") or key.endswith("_self_attention_type"))}
+
+
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """The newest of ``paths`` with its model parameters replaced by the mean over all ``paths``."""
     import torch
@@ -91,10 +101,15 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         state = _load(path)
         model = state["model"]
         if keys is None:
-            keys = list(model)
+            keys, options = list(model), model_options(state)
         elif set(model) != set(keys):
             diff = sorted(set(model) ^ set(keys))
             raise AverageError(f"{path} has different parameters from {paths[0]} (e.g. {diff[0]})")
+        elif model_options(state) != options:
+            other = model_options(state)
+            key = next(k for k in sorted({*options, *other}) if options.get(k) != other.get(k))
+            raise AverageError(f"{path} was trained with {key} {other.get(key)!r}, {paths[0]} with "
+                               f"{options.get(key)!r}: average checkpoints of one model configuration")
         for key, value in model.items():
             if not torch.is_floating_point(value):
                 continue

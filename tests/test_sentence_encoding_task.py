@@ -80,6 +80,27 @@ def test_single_sentence_classification_learns_and_evaluates(trec_data, tmp_path
     assert result["num_updates"] == 60 and result["arch"] == "mtsa_encoder"
 
 
+def test_dev_and_test_batches_hold_every_example_whatever_the_multiple(trec_data):
+    """fairseq drops a last batch smaller than --required-batch-size-multiple (default 8); the task batches its
+    evaluation splits with a multiple of 1, so dev and test metrics count every example."""
+    from fairseq import options, tasks
+
+    import mtsa_fairseq.plugin  # noqa: F401  (--user-dir skips a package this process imported already)
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(trec_data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task", "sentence_encoding", "--arch",
+        "bilstm_encoder", "--criterion", "sentence_encoding"])
+    task = tasks.setup_task(args)
+    for split in ("valid", "test"):
+        task.load_dataset(split)
+        dataset = task.dataset(split)
+        assert len(dataset) % 7  # fairseq would leave some out
+        for positional in (False, True):  # fairseq's trainer passes keywords; its signature allows positions
+            batches = (task.get_batch_iterator(dataset, None, 14, None, False, 7) if positional else
+                       task.get_batch_iterator(dataset, max_sentences=14, required_batch_size_multiple=7))
+            assert sorted(i for batch in batches.frozen_batches for i in batch) == list(range(len(dataset)))
+
+
 @pytest.mark.parametrize("arch", ["disan_encoder", "fast_disa_encoder", "bilstm_encoder", "multi_head_encoder"])
 def test_every_encoder_trains_through_fairseq_train(trec_data, tmp_path, arch):
     save = train(trec_data, tmp_path / "run", arch, "--encoder-heads", "2", updates=4)

@@ -2,8 +2,8 @@
 decides what a sample holds, ``single`` (a sentence and a class), ``pair`` (SNLI, MultiNLI: premise and hypothesis,
 each encoded on its own) or ``relatedness`` (SICK: two sentences and a 1-5 score). Cross-validation data (CR, MPQA,
 SUBJ) needs ``--cv-fold K``: ``train`` is every fold but K, ``valid``/``test`` fold K. Batches hold sentences of
-similar length, reshuffled every epoch; the ``--patience`` count is carried in the checkpoints, so early stopping
-survives a resume (docs/experiment.md, Exact resumes)."""
+similar length, reshuffled every epoch; dev and test batches hold every example. The ``--patience`` count is carried
+in the checkpoints, so early stopping survives a resume (docs/experiment.md, Exact resumes)."""
 
 from __future__ import annotations
 
@@ -141,6 +141,17 @@ class SentenceEncodingTask(LegacyFairseqTask):
             rows = rows[~held_out] if split == "train" else rows[held_out]
         self.datasets[split] = SentenceExampleDataset(inputs, labels, rows, self.dictionary.pad(),
                                                       shuffle=split == "train")
+
+    def get_batch_iterator(self, dataset: FairseqDataset, *args: Any, **kwargs: Any) -> Any:
+        """fairseq's, except that the evaluation splits (not shuffled) are batched with ``required_batch_size_multiple``
+        1: fairseq drops a last batch smaller than that multiple (default 8), and dev and test metrics would leave its
+        examples out."""
+        if isinstance(dataset, SentenceExampleDataset) and not dataset.shuffle:
+            if len(args) > 4:  # max_tokens, max_sentences, max_positions, ignore_invalid_inputs, the multiple
+                args = (*args[:4], 1, *args[5:])
+            else:
+                kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
 
     @property
     def source_dictionary(self) -> Dictionary:

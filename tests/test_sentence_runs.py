@@ -57,6 +57,9 @@ def test_experiment_runs_seeds_reports_t_tests_and_resumes(trec_data, tmp_path, 
         assert record["cpu_kernels"] == [torch.backends.cpu.get_cpu_capability()]
     second = run(*cmd)  # finished runs are skipped
     assert "training ->" not in second.stdout
+    changed = run(*cmd, "--extra-args=--dropout 0.0", check=False)  # under other options: refused, not reused
+    assert changed.returncode != 0 and changed.stderr.strip().splitlines()[-1].endswith(
+        "was trained with 'nothing' where this command gives '--dropout 0.0'; use another --out for other options")
     kernels = read_run(tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1", AssertionError)["cpu_kernels"]
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # resumed under torch's plainest kernels: said and kept
     longer = run(*cmd[:-1], "--archs", "multi_cnn_encoder", "--seeds", "1", "--max-update", "15", "--cpu")

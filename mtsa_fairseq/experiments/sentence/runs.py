@@ -10,6 +10,7 @@ interrupted ones resume, and one whose best checkpoint cannot be read trains aga
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 import shutil
@@ -201,6 +202,27 @@ def _but_save_dir(command: list[str]) -> list[str]:
     return command[:at] + command[at + 2:]
 
 
+def _option_groups(command: list[str]) -> list[list[str]]:
+    """A fairseq-train command line as what it trains: each option with its values, in order, without the
+    executable and the options that name places or the budget (``--save-dir``, ``--user-dir``, ``--max-update``)."""
+    groups: list[list[str]] = [[]]
+    for token in command[1:]:
+        if token.startswith("--"):
+            groups.append([])
+        groups[-1].append(token)
+    return [group for group in groups if group and group[0] not in ("--save-dir", "--user-dir", "--max-update")]
+
+
+def changed_option(trained: list[str], command: list[str]) -> tuple[str, str] | None:
+    """The first option (with its values) in which the fairseq-train command ``command`` differs from the one a run
+    was ``trained`` with, as each gives it ("" where one lacks it); None when they train alike."""
+    old, new = ([" ".join(group) for group in _option_groups(c)] for c in (trained, command))
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            return " ".join(old[i1:i2]), " ".join(new[j1:j2])
+    return None
+
+
 def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int | None, extra: list[str],
             threads: int | None, cpu: bool, log: Callable[[str], None] | None = None,
             split: str | None = None, trained_in: Path | None = None) -> dict[str, Any]:
@@ -223,6 +245,10 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
         if trained and command_lr(trained) != command_lr(command):
             raise ExperimentError(f"{run.key}: {run_dir} was trained with --lr {command_lr(trained)!r}, not "
                                   f"{command_lr(command)!r}; use another --out for another learning rate")
+        changed = changed_option(trained, command) if trained else None
+        if changed:
+            raise ExperimentError(f"{run.key}: {run_dir} was trained with {changed[0] or 'nothing'!r} where this "
+                                  f"command gives {changed[1] or 'nothing'!r}; use another --out for other options")
         if result_path.is_file():
             previous = read_json(result_path, SENTENCE_RESULT_SCHEMA, "result file", ExperimentError)
             if previous.get("max_update") == budget:

@@ -109,3 +109,14 @@ def test_regularized_weights_are_the_dense_weights_only():
     assert "encoder.mtsa.gate.bias" not in names  # per-head biases are [H, 1, d] but still biases
     expected = {n for n, _ in model.named_parameters() if n.endswith("weight") and not n.startswith("embedding.")}
     assert names == expected and "encoder.mtsa.v_proj.weight" in names
+
+
+def test_an_embedding_file_is_reported_and_one_without_a_dictionary_word_refused(tmp_path, caplog):
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("cat 1 2 3 4\ndog 1 2 3 4\nzebra 1 2 3 4\n")
+    with caplog.at_level("INFO"):
+        build("bilstm_encoder", embed_dim=4, embedding_path=str(vectors))
+    assert f"{vectors}: vectors for 1 of the 6 training words and 2 words in all" in caplog.text  # dog: not trained
+    vectors.write_text("zebra 1 2 3 4\n")
+    with pytest.raises(ValueError, match="holds a vector for none of the 9 dictionary words"):
+        build("bilstm_encoder", embed_dim=4, embedding_path=str(vectors))

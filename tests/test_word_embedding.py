@@ -48,6 +48,18 @@ def test_normal_oov_init_and_vector_file_errors(tmp_path):
     bad.write_text("cat 1 2 3\n")
     with pytest.raises(ValueError, match="bad.txt:1: expected a word and 4 numbers"):
         read_vectors(bad, {"cat"}, 4)
+    bad.write_text("cat 1 2 3 4 5\n")  # a wider file
+    with pytest.raises(ValueError, match="bad.txt:1: expected a word and 4 numbers, got 5 fields"):
+        read_vectors(bad, {"cat"}, 4)
+    bad.write_text("dog 1 2 3 4\ncat 1 2 x 4\n")
+    with pytest.raises(ValueError, match="bad.txt:2: the vector of 'cat' holds a field that is not a number"):
+        read_vectors(bad, {"cat"}, 4)
+    bad.write_text("cat 1 2 nan 4\n")
+    with pytest.raises(ValueError, match="bad.txt:1: the vector of 'cat' is not finite"):
+        read_vectors(bad, {"cat"}, 4)
+    spaced = tmp_path / "spaced.txt"  # GloVe 840B holds a few words with spaces
+    spaced.write_text(". . . 1 2 3 4\ncat 5 6 7 8\n")
+    assert list(read_vectors(spaced, {"cat", "."}, 4)) == ["cat"]
     with pytest.raises(FileNotFoundError):
         read_vectors(tmp_path / "missing.txt", {"cat"}, 4)
     with pytest.raises(ValueError, match="oov_init"):

@@ -12,6 +12,7 @@ dropout ``--dropout`` before every dense layer and embeddings as in reference §
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +37,8 @@ from .options import Option, apply_defaults
 
 if TYPE_CHECKING:
     from fairseq.tasks import FairseqTask
+
+logger = logging.getLogger(__name__)
 
 ENCODERS = ("mtsa", "disan", "disan_undirected", "stacked_mtsa", "bilstm", "multi_cnn", "hrchy_cnn", "multi_head",
             "multi_head_proj")
@@ -170,6 +173,12 @@ class SentenceEncoderModel(BaseFairseqModel):
         vectors = None
         if args.embedding_path:
             vectors = read_vectors(args.embedding_path, set(words[dictionary.nspecial:]), args.embed_dim)
+            train = words[dictionary.nspecial:dictionary.nspecial + task.num_train_words]
+            if not vectors:
+                raise ValueError(f"{args.embedding_path} holds a vector for none of the "
+                                 f"{len(words) - dictionary.nspecial} dictionary words")
+            logger.info(f"{args.embedding_path}: vectors for {sum(w in vectors for w in train):,} of the "
+                        f"{len(train):,} training words and {len(vectors):,} words in all")
         embedding = WordEmbedding(words, task.num_train_words, dictionary.nspecial, args.embed_dim, vectors,
                                   args.oov_init, dictionary.pad(), args.oov_init_scale)
         encoder = build_encoder(args)

@@ -21,9 +21,19 @@ def _open_text(path: Path):
         path.open(encoding="utf-8", errors="replace")
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_vectors(path: str | Path, words: set[str], dim: int) -> dict[str, Tensor]:
     """Vectors of ``words`` (only those: a 6B-token GloVe file needs little memory; the first occurrence wins) from a
-    GloVe or word2vec text file (its ``count dim`` header skipped); a line not ``dim`` wide raises ``ValueError``."""
+    GloVe or word2vec text file (its ``count dim`` header skipped; a word may hold spaces, as a few of GloVe 840B's
+    do). ``ValueError`` names the file and line of a line not ``dim`` wide, and of a vector of ``words`` that is not
+    finite numbers."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"embedding file not found: {path}")
@@ -33,10 +43,18 @@ def read_vectors(path: str | Path, words: set[str], dim: int) -> dict[str, Tenso
             parts = line.rstrip("\n").rstrip(" ").split(" ")
             if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
                 continue  # word2vec text header
-            if len(parts) != dim + 1:
+            if len(parts) < dim + 1 or any(_is_number(p) for p in parts[1:-dim]):
                 raise ValueError(f"{path}:{number}: expected a word and {dim} numbers, got {len(parts) - 1} fields")
-            if parts[0] in words and parts[0] not in found:
-                found[parts[0]] = torch.tensor([float(v) for v in parts[1:]])
+            word = " ".join(parts[:-dim])
+            if word in words and word not in found:
+                try:
+                    vector = torch.tensor([float(v) for v in parts[-dim:]])
+                except ValueError:
+                    raise ValueError(f"{path}:{number}: the vector of {word!r} holds a field that is not a "
+                                     "number") from None
+                if not torch.isfinite(vector).all():
+                    raise ValueError(f"{path}:{number}: the vector of {word!r} is not finite")
+                found[word] = vector
     return found
 
 

@@ -117,6 +117,7 @@ def test_lr_search_usage_errors(trec_data, tmp_path, args, message):
     (["0"], "--lrs must be positive and finite"),
     (["nan", "1e-3"], "--lrs must be positive and finite"),
     (["inf"], "--lrs must be positive and finite"),
+    (["1e-3", "--seed", "-1"], "--seed must be a non-negative integer"),
 ])
 def test_lr_search_refuses_bad_rates_before_reading_anything(tmp_path, monkeypatch, capsys, lrs, message):
     from mtsa_fairseq.experiments.commands import sentence_lr_search

@@ -101,6 +101,18 @@ def test_dev_and_test_batches_hold_every_example_whatever_the_multiple(trec_data
             assert sorted(i for batch in batches.frozen_batches for i in batch) == list(range(len(dataset)))
 
 
+def test_a_fold_for_data_without_folds_is_refused(trec_data):
+    from fairseq import options, tasks
+
+    import mtsa_fairseq.plugin  # noqa: F401  (--user-dir skips a package this process imported already)
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(trec_data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task", "sentence_encoding", "--arch",
+        "bilstm_encoder", "--criterion", "sentence_encoding", "--cv-fold", "0"])
+    with pytest.raises(ValueError, match=f"--cv-fold 0 is out of range for {trec_data} \\(no folds\\)"):
+        tasks.setup_task(args)
+
+
 @pytest.mark.parametrize("arch", ["disan_encoder", "fast_disa_encoder", "bilstm_encoder", "multi_head_encoder"])
 def test_every_encoder_trains_through_fairseq_train(trec_data, tmp_path, arch):
     save = train(trec_data, tmp_path / "run", arch, "--encoder-heads", "2", updates=4)

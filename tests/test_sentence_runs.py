@@ -284,6 +284,7 @@ def test_task_config_values_are_checked_as_fairseq_reads_them(tmp_path, section,
     (["--archs", "mtsa_encoder", "--jobs", "0"], "--jobs must be positive"),
     (["--archs", "mtsa_encoder", "--jobs", "-2"], "--jobs must be positive"),
     (["--archs", "mtsa_encoder", "--threads", "0"], "--threads must be positive"),
+    (["--archs", "mtsa_encoder", "--seeds", "1", "-1"], "--seeds must be non-negative integers"),
 ])
 def test_experiment_usage_errors_before_reading_anything(tmp_path, monkeypatch, capsys, args, message):
     from mtsa_fairseq.experiments.commands import sentence_experiment

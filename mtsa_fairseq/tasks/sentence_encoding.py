@@ -100,7 +100,7 @@ class SentenceEncodingTask(LegacyFairseqTask):
         fold = getattr(args, "cv_fold", None)
         if folds and fold is None:
             raise ValueError(f"{args.data} is {folds}-fold cross-validation data: pass --cv-fold K (0..{folds - 1})")
-        if fold is not None and not 0 <= fold < max(folds, 1):
+        if fold is not None and not 0 <= fold < folds:
             raise ValueError(f"--cv-fold {fold} is out of range for {args.data} "
                              f"({'no folds' if not folds else f'folds 0..{folds - 1}'})")
 

@@ -101,6 +101,8 @@ def _main() -> None:
     args = parser.parse_args()
     if len(set(args.seeds)) != len(args.seeds):
         parser.error("--seeds must not repeat")
+    if any(seed < 0 for seed in args.seeds):
+        parser.error("--seeds must be non-negative integers")
     if args.reference is not None and args.reference not in args.archs:
         parser.error(f"--reference {args.reference} is not among --archs")
     config, manifest, extra = load_training(parser, args)

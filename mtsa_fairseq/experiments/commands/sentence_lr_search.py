@@ -58,6 +58,8 @@ def _report_only(config: TaskConfig, args: argparse.Namespace, out: Path) -> Non
 def _main() -> None:
     parser = build_parser()
     args = parser.parse_args()
+    if args.seed < 0:
+        parser.error("--seed must be a non-negative integer")
     if not all(0 < lr < math.inf for lr in args.lrs):
         parser.error("--lrs must be positive and finite")
     if len(set(args.lrs)) != len(args.lrs):

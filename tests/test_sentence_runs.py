@@ -127,6 +127,11 @@ def test_experiment_run_stopped_early_by_patience_is_done(trec_data, tmp_path):
     assert "training ->" not in larger and "stopped early (--patience) at update 3" in larger
     result = json.loads((tmp_path / "exp" / "results" / "multi_cnn_encoder_seed1.json").read_text())
     assert result["max_update"] == 800 and [u for u, _ in result["dev_curve"]] == [1, 2, 3]
+    result_path.unlink()  # and its best checkpoint deleted: said so, not "did validation run?"
+    (tmp_path / "exp" / "runs" / "multi_cnn_encoder" / "seed1" / "checkpoint_best.pt").unlink()
+    gone = run(*cmd, "--max-update", "800", check=False)
+    assert gone.returncode != 0 and "checkpoint_best.pt is gone, though the run validated (train.log): move" in (
+        gone.stderr)
 
 
 def test_a_run_stopped_after_training_before_its_evaluation_is_evaluated_not_trained_on(trec_data, tmp_path):

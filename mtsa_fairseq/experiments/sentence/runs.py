@@ -275,6 +275,10 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
         else:
             finished = _train(config, run, run_dir, command, data, budget, threads, lock, log, repair)
         best = run_dir / "checkpoint_best.pt"
+        log_text = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+        if not best.is_file() and dev_curve(log_text, config.metric):
+            raise ExperimentError(f"{run.key}: {best} is gone, though the run validated (train.log): move {run_dir} "
+                                  "aside to train the run again")
         if not best.is_file():
             raise ExperimentError(f"{run.key}: no {best} (did validation run? check validate-interval-updates)")
         split = split or ("valid" if run.fold is not None else "test")
@@ -282,7 +286,6 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
             result = evaluate(best, split, data, run.fold)
         except EvaluationError as exc:  # one line, not a traceback
             raise ExperimentError(f"{run.key}: {exc}") from exc
-        log_text = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
         wps = mean_train_wps(log_text)
         result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget, lr=command_lr(command),
                       dev_curve=dev_curve(log_text, config.metric), train_seconds=finished["wall_seconds"],

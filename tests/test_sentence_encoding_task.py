@@ -101,7 +101,7 @@ def test_dev_and_test_batches_hold_every_example_whatever_the_multiple(trec_data
             assert sorted(i for batch in batches.frozen_batches for i in batch) == list(range(len(dataset)))
 
 
-def test_a_fold_for_data_without_folds_is_refused(trec_data):
+def test_a_fold_or_a_metric_the_data_lacks_is_refused(trec_data):
     from fairseq import options, tasks
 
     import mtsa_fairseq.plugin  # noqa: F401  (--user-dir skips a package this process imported already)
@@ -110,6 +110,10 @@ def test_a_fold_for_data_without_folds_is_refused(trec_data):
         str(trec_data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task", "sentence_encoding", "--arch",
         "bilstm_encoder", "--criterion", "sentence_encoding", "--cv-fold", "0"])
     with pytest.raises(ValueError, match=f"--cv-fold 0 is out of range for {trec_data} \\(no folds\\)"):
+        tasks.setup_task(args)
+    args.cv_fold, args.best_checkpoint_metric = None, "pearson"  # a relatedness metric for classification data
+    with pytest.raises(ValueError, match=f"--best-checkpoint-metric pearson: validation on {trec_data} \\(single "
+                                         "examples\\) logs loss, l2, accuracy"):
         tasks.setup_task(args)
 
 

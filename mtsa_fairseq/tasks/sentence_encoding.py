@@ -100,6 +100,11 @@ class SentenceEncodingTask(LegacyFairseqTask):
         fold = getattr(args, "cv_fold", None)
         if folds and fold is None:
             raise ValueError(f"{args.data} is {folds}-fold cross-validation data: pass --cv-fold K (0..{folds - 1})")
+        metric = getattr(args, "best_checkpoint_metric", None)
+        logged = ("loss", "l2", *(("mse", "pearson") if self.kind == "relatedness" else ("accuracy",)))
+        if metric is not None and metric not in logged:
+            raise ValueError(f"--best-checkpoint-metric {metric}: validation on {args.data} ({self.kind} examples) "
+                             f"logs {', '.join(logged)}")
         if fold is not None and not 0 <= fold < folds:
             raise ValueError(f"--cv-fold {fold} is out of range for {args.data} "
                              f"({'no folds' if not folds else f'folds 0..{folds - 1}'})")

@@ -113,7 +113,10 @@ def test_a_fold_or_a_metric_the_data_lacks_is_refused(trec_data):
         tasks.setup_task(args)
     args.cv_fold, args.best_checkpoint_metric = None, "pearson"  # a relatedness metric for classification data
     with pytest.raises(ValueError, match=f"--best-checkpoint-metric pearson: validation on {trec_data} \\(single "
-                                         "examples\\) logs loss, l2, accuracy"):
+                                         "examples\\) logs loss, accuracy"):
+        tasks.setup_task(args)
+    args.best_checkpoint_metric = "l2"  # logged in training only
+    with pytest.raises(ValueError, match="--best-checkpoint-metric l2: validation on"):
         tasks.setup_task(args)
 
 

@@ -81,6 +81,11 @@ class SentenceEncodingCriterion(FairseqCriterion):
         return total, n, log
 
     @staticmethod
+    def validation_metrics(kind: str) -> tuple[str, ...]:
+        """What :meth:`reduce_metrics` logs in validation on data of ``kind`` (``l2`` is logged in training only)."""
+        return ("loss", *(("mse", "pearson") if kind == "relatedness" else ("accuracy",)))
+
+    @staticmethod
     def reduce_metrics(logging_outputs: list[dict[str, Any]]) -> None:
         def total(key: str) -> float:
             return sum(log.get(key, 0) for log in logging_outputs)

@@ -18,7 +18,7 @@ from fairseq.data import Dictionary, FairseqDataset, data_utils
 from fairseq.tasks import LegacyFairseqTask, register_task
 
 from ..contracts import read_sentence_manifest
-from ..criterions import sentence_encoding as _criterion  # noqa: F401  (registers the task's criterion)
+from ..criterions.sentence_encoding import SentenceEncodingCriterion  # (importing registers the task's criterion)
 
 
 class SentenceExampleDataset(FairseqDataset):
@@ -101,7 +101,7 @@ class SentenceEncodingTask(LegacyFairseqTask):
         if folds and fold is None:
             raise ValueError(f"{args.data} is {folds}-fold cross-validation data: pass --cv-fold K (0..{folds - 1})")
         metric = getattr(args, "best_checkpoint_metric", None)
-        logged = ("loss", "l2", *(("mse", "pearson") if self.kind == "relatedness" else ("accuracy",)))
+        logged = SentenceEncodingCriterion.validation_metrics(self.kind)
         if metric is not None and metric not in logged:
             raise ValueError(f"--best-checkpoint-metric {metric}: validation on {args.data} ({self.kind} examples) "
                              f"logs {', '.join(logged)}")

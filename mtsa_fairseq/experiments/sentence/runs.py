@@ -276,7 +276,8 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
             finished = _train(config, run, run_dir, command, data, budget, threads, lock, log, repair)
         best = run_dir / "checkpoint_best.pt"
         log_text = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
-        if not best.is_file() and dev_curve(log_text, config.metric):
+        curve = dev_curve(log_text, config.metric)
+        if not best.is_file() and curve:
             raise ExperimentError(f"{run.key}: {best} is gone, though the run validated (train.log): move {run_dir} "
                                   "aside to train the run again")
         if not best.is_file():
@@ -288,7 +289,7 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
             raise ExperimentError(f"{run.key}: {exc}") from exc
         wps = mean_train_wps(log_text)
         result.update(experiment=config.name, run=run.key, fold=run.fold, max_update=budget, lr=command_lr(command),
-                      dev_curve=dev_curve(log_text, config.metric), train_seconds=finished["wall_seconds"],
+                      dev_curve=curve, train_seconds=finished["wall_seconds"],
                       train_words_per_second=None if wps is None else round(wps, 1))
         result_path.parent.mkdir(parents=True, exist_ok=True)
         write_result(result_path, result)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from sentence_helpers import FILLER, ROOT, prepare, run
 
 from mtsa_fairseq.checkpoint_safety import load_checkpoint
+from mtsa_fairseq.contracts import checksums
 from mtsa_fairseq.experiments.runs import checkpoint_updates
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
@@ -125,6 +127,49 @@ def test_every_encoder_trains_through_fairseq_train(trec_data, tmp_path, arch):
     save = train(trec_data, tmp_path / "run", arch, "--encoder-heads", "2", updates=4)
     result = evaluate(save / "checkpoint_last.pt", tmp_path / "test.json", "--split", "valid")
     assert result["split"] == "valid" and 0.0 <= result["metrics"]["accuracy"] <= 100.0
+
+
+def test_a_checkpoint_on_data_whose_ids_mean_other_words_or_classes_is_refused(trec_data, tmp_path):
+    """Without a run.json beside it: a dictionary of the same size with two words swapped, or other label names."""
+    from fairseq import options, tasks
+
+    import mtsa_fairseq.plugin  # noqa: F401  (--user-dir skips a package this process imported already)
+
+    save = train(trec_data, tmp_path / "run", "bilstm_encoder", updates=2)
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    assert state["extra_state"]["SentenceEncodingTask"]["ids_sha256"] == state["task_state"]["ids_sha256"]
+    swapped, renamed = tmp_path / "swapped", tmp_path / "renamed"
+    for copy in (swapped, renamed):
+        shutil.copytree(trec_data, copy)
+    lines = (swapped / "dict.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (swapped / "dict.txt").write_text("".join([lines[1], lines[0], *lines[2:]]), encoding="utf-8")
+    manifest = json.loads((swapped / "manifest.json").read_text())
+    manifest["checksums"].update(checksums(swapped, ["dict.txt"]))
+    (swapped / "manifest.json").write_text(json.dumps(manifest))
+    manifest = json.loads((renamed / "manifest.json").read_text())
+    manifest["labels"] = manifest["labels"][::-1]
+    (renamed / "manifest.json").write_text(json.dumps(manifest))
+
+    bad = run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint",
+              str(save / "checkpoint_last.pt"), "--data", str(swapped), "--result", str(tmp_path / "r.json"),
+              check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
+        f"error: the checkpoint was trained on other data than {swapped}: its word or class ids mean other words or "
+        "classes (dict.txt, the labels in manifest.json)")
+    assert not (tmp_path / "r.json").exists()
+    with pytest.raises(AssertionError, match=f"the checkpoint was trained on other data than {swapped}"):
+        train(swapped, save, "bilstm_encoder", updates=4)  # a resume
+    assert checkpoint_updates(save / "checkpoint_last.pt") == 2
+    for data, refused in ((trec_data, False), (renamed, True), (swapped, True)):
+        args = options.parse_args_and_arch(options.get_training_parser(), [
+            str(data), "--user-dir", str(ROOT / "mtsa_fairseq"), "--task", "sentence_encoding", "--arch",
+            "bilstm_encoder", "--criterion", "sentence_encoding"])
+        task = tasks.setup_task(args)
+        if refused:
+            with pytest.raises(ValueError, match="the checkpoint was trained on other data than"):
+                task.load_state_dict(state["task_state"])
+        else:
+            task.load_state_dict(state["task_state"])
 
 
 def test_pairs_by_separate_encoding(tmp_path):

@@ -3,11 +3,15 @@ decides what a sample holds, ``single`` (a sentence and a class), ``pair`` (SNLI
 each encoded on its own) or ``relatedness`` (SICK: two sentences and a 1-5 score). Cross-validation data (CR, MPQA,
 SUBJ) needs ``--cv-fold K``: ``train`` is every fold but K, ``valid``/``test`` fold K. Batches hold sentences of
 similar length, reshuffled every epoch; dev and test batches hold every example. The ``--patience`` count is carried
-in the checkpoints, so early stopping survives a resume (docs/experiment.md, Exact resumes)."""
+in the checkpoints, so early stopping survives a resume (docs/experiment.md, Exact resumes). Checkpoints record the
+SHA-256 of what their ids mean (the dictionary's words and the label names); loading one for evaluation or a resume
+on data whose ids mean other words or classes is refused, whatever the dictionary's size."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -108,6 +112,15 @@ class SentenceEncodingTask(LegacyFairseqTask):
         if fold is not None and not 0 <= fold < folds:
             raise ValueError(f"--cv-fold {fold} is out of range for {args.data} "
                              f"({'no folds' if not folds else f'folds 0..{folds - 1}'})")
+        ids = json.dumps({"words": dictionary.symbols, "labels": manifest["labels"]}, ensure_ascii=False)
+        self.ids_sha256 = hashlib.sha256(ids.encode("utf-8")).hexdigest()
+
+    def check_ids(self, recorded: str | None) -> None:
+        """Refuse a checkpoint whose recorded ``ids_sha256`` is not this data's (none recorded: an older checkpoint,
+        nothing to check)."""
+        if recorded is not None and recorded != self.ids_sha256:
+            raise ValueError(f"the checkpoint was trained on other data than {self.args.data}: its word or class ids "
+                             "mean other words or classes (dict.txt, the labels in manifest.json)")
 
     @classmethod
     def setup_task(cls, args: argparse.Namespace, **kwargs: Any) -> SentenceEncodingTask:
@@ -169,14 +182,24 @@ class SentenceEncodingTask(LegacyFairseqTask):
     def max_positions(self) -> None:
         return None
 
+    def state_dict(self) -> dict[str, Any]:
+        """The task state every checkpoint holds (``task_state``), read back when one is loaded for evaluation."""
+        return {**super().state_dict(), "ids_sha256": self.ids_sha256}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.check_ids(state_dict.get("ids_sha256"))
+        super().load_state_dict({key: value for key, value in state_dict.items() if key != "ids_sha256"})
+
     def get_checkpoint_dict(self) -> dict[str, Any]:
-        """fairseq's hook for task state in checkpoints: the early-stopping state (see the module docstring)."""
+        """fairseq's hook for training state in checkpoints, read back on a resume: the ids' digest and the
+        early-stopping state (see the module docstring)."""
         stopper = _fairseq_early_stopping()
         state = {key: getattr(stopper, key) for key in EARLY_STOPPING_STATE if hasattr(stopper, key)}
-        return {type(self).__name__: {"early_stopping": state}} if state else {}
+        return {type(self).__name__: {"ids_sha256": self.ids_sha256, **({"early_stopping": state} if state else {})}}
 
     def set_checkpoint_dict(self, state: dict[str, Any]) -> None:
-        """fairseq's hook on resuming from a checkpoint: restore what :meth:`get_checkpoint_dict` saved."""
+        """fairseq's hook on resuming from a checkpoint: check the ids, restore the early-stopping state."""
+        self.check_ids(state.get("ids_sha256"))
         stopper = _fairseq_early_stopping()
         if stopper is not None:
             for key, value in state.get("early_stopping", {}).items():

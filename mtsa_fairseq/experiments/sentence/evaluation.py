@@ -1,7 +1,7 @@
 """Evaluate a trained sentence encoder on one split: accuracy, or Pearson r / Spearman rho / MSE (SICK), as one JSON
 result with the per-example predictions (for the significance tools). The model, task options (``--cv-fold``
 included) and data directory come from the checkpoint; the data directory and fold can be overridden, and data whose
-dictionary is not the one the checkpoint's run.json records is refused."""
+dictionary or labels are not those the checkpoint was trained with is refused (by its run.json, else by the task)."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
         raise EvaluationError(f"{checkpoint} is a {task_name} checkpoint, not a sentence_encoding one")
     data_dir = data if data is not None else (task_cfg.get("data") if hasattr(task_cfg, "keys")
                                               else getattr(task_cfg, "data", None))
-    if data_dir:  # before building: a dictionary of another size would fail there, of the same size not at all
+    if data_dir:  # before building, naming the file: the task's own check (on loading) names no file
         check_dictionaries(run_beside(checkpoint, EvaluationError), checkpoint, Path(data_dir), EvaluationError)
     try:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides=overrides,
                                                                           state=state)
-    except RuntimeError as exc:  # no run.json to check: the model built for the data has other shapes
+    except RuntimeError as exc:  # a checkpoint older than the task's ids check: the model has other shapes
         if not str(exc).startswith("Error(s) in loading state_dict"):
             raise
         first = [line.strip() for line in str(exc).splitlines()[1:2]]  # the first of torch's mismatches

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import mtsa_fairseq.plugin  # noqa: F401  (registers everything)
-from mtsa_fairseq.models.sentence_encoder import SentenceEncoderModel
+from mtsa_fairseq.models.sentence_encoder import ENCODER_OPTIONS, ENCODERS, SentenceEncoderModel
 
 ARCHS = ("mtsa_encoder", "fast_disa_encoder", "disan_encoder", "disan_undirected_encoder", "stacked_mtsa_encoder",
          "bilstm_encoder", "multi_cnn_encoder", "hrchy_cnn_encoder", "multi_head_encoder", "multi_head_proj_encoder")
@@ -69,6 +70,26 @@ def test_fast_disa_defaults_are_the_released_function_defaults():
     assert type(fast.encoder) is type(mtsa.encoder)
     assert (fast.encoder.mtsa.token2token, mtsa.encoder.mtsa.token2token) == ("exp", "sigmoid")
     assert fast.args.encoder_activation == "relu"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_size_options_an_encoder_reads_change_it_and_the_others_are_warned_about(arch, caplog):
+    def predictions(**options) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = build(arch, embed_dim=30, classifier_hidden_dim=8, **options).double().eval()
+        return model(torch.tensor([[4, 5, 6, 7, 8]]))
+
+    base, encoder = predictions(), build(arch).args.encoder
+    for dest, value in (("encoder_hidden_dim", 12), ("encoder_heads", 6), ("encoder_layers", 2)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="mtsa_fairseq.models.sentence_encoder"):
+            changed = predictions(**{dest: value})
+        if dest in ENCODER_OPTIONS[encoder]:
+            assert not torch.equal(changed, base) and not caplog.records
+        else:
+            assert torch.equal(changed, base)
+            assert caplog.messages == [f"the {encoder} encoder ignores --{dest.replace('_', '-')} {value}"]
+    assert set(ENCODER_OPTIONS) == set(ENCODERS)
 
 
 # ---------------------------------------------------------------------------------------------- behaviour

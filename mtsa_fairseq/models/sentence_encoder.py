@@ -76,6 +76,27 @@ SENTENCE_OPTIONS = (
 )
 
 
+# The options only some encoders read; the others warn when one is set (an experiment passes one set to every arch).
+ENCODER_OPTIONS = {
+    "mtsa": ("encoder_hidden_dim", "encoder_heads", "token2token", "attention_dropout"),
+    "disan": ("disan_chunk_size",),
+    "disan_undirected": ("disan_chunk_size",),
+    "stacked_mtsa": ("encoder_heads", "encoder_layers", "token2token", "attention_dropout"),
+    "bilstm": ("encoder_hidden_dim",),
+    "multi_cnn": ("encoder_hidden_dim",),
+    "hrchy_cnn": ("encoder_hidden_dim", "encoder_layers"),
+    "multi_head": ("encoder_heads", "encoder_hidden_dim"),
+    "multi_head_proj": ("encoder_heads", "encoder_hidden_dim"),
+}
+
+
+def ignored_options(args: argparse.Namespace) -> list[str]:
+    """The options ``args.encoder`` does not read that are set away from their default, as ``--name value``."""
+    specific = {dest for dests in ENCODER_OPTIONS.values() for dest in dests} - set(ENCODER_OPTIONS[args.encoder])
+    return [f"{option.flag} {getattr(args, option.dest)}" for option in SENTENCE_OPTIONS
+            if option.dest in specific and getattr(args, option.dest, None) not in (None, option.default)]
+
+
 class MTSASentenceEncoder(nn.Module):
     """:class:`SentenceMTSA` followed by multi-dimensional source2token pooling (reference §3.1-§3.3)."""
 
@@ -94,6 +115,8 @@ class MTSASentenceEncoder(nn.Module):
 def build_encoder(args: argparse.Namespace) -> nn.Module:
     """The sentence encoder named by ``args.encoder``; it maps ``[B, L, embed_dim]`` to ``[B, output_dim]``."""
     dim, act, drop = args.embed_dim, args.encoder_activation, args.dropout
+    if ignored := ignored_options(args):
+        logger.warning(f"the {args.encoder} encoder ignores {', '.join(ignored)}")
     if args.encoder == "mtsa":
         return MTSASentenceEncoder(dim, args.encoder_hidden_dim, args.encoder_heads, args.token2token, act, drop,
                                    args.attention_dropout)

@@ -80,12 +80,18 @@ def test_check_names_a_stale_table_and_a_rewrite_fixes_it(tmp_path, monkeypatch,
     assert f"differs: {doc}:2: r.json runs" in capsys.readouterr().out
     assert "typed by hand" in doc.read_text()
     assert _run(monkeypatch, str(doc)) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 generated table(s) in 1 document(s): 1 rewritten"
     assert "| A | 1 | 80.00 | 300 |" in doc.read_text() and doc.read_text().endswith("<!-- /table -->\nend\n")
-    assert _run(monkeypatch, "--check", str(doc)) == 0
+    (tmp_path / "plain.md").write_text("no tables here\n")
+    assert _run(monkeypatch, "--check", str(doc), str(tmp_path / "plain.md")) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"note: {tmp_path / 'plain.md'} has no generated table (no <!-- table REPORT KIND --> line)",
+        "1 generated table(s) in 2 document(s): all equal their reports"]
 
 
 @pytest.mark.parametrize("marker, message", [
     ("<!-- table r.json runs -->\n", "no <!-- /table --> after this table marker"),
+    ("<!-- table r.json -->\n<!-- /table -->\n", "not a table marker <!-- table REPORT KIND [OPTION=VALUE ...] -->"),
     ("<!-- table r.json nonsense -->\n<!-- /table -->\n", "unknown table kind 'nonsense'"),
     ("<!-- table missing.json runs -->\n<!-- /table -->\n", "cannot render runs of"),
     ("<!-- table r.json runs archs=a -->\n<!-- /table -->\n", "archs= is not an option of runs tables"),

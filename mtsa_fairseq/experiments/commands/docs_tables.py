@@ -28,7 +28,7 @@ from mtsa_fairseq.experiments.sentence.report import (
     runs_table,
     summary_table,
 )
-from mtsa_fairseq.experiments.tables import Kind, Option, TableError, render
+from mtsa_fairseq.experiments.tables import OPEN, Kind, Option, TableError, render
 from mtsa_fairseq.experiments.translation.curves import curves_table, plateau_table
 from mtsa_fairseq.experiments.translation.study_tables import (
     BLEU_KINDS,
@@ -105,18 +105,24 @@ def _main() -> None:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming every table that differs from its report")
     args = parser.parse_args()
-    stale = []
+    stale, tables = [], 0
     for document in args.documents:
         if not document.is_file():
             parser.error(f"{document} is not a file")
         text, changed = render(document, KINDS)
-        stale += changed
+        found = sum(1 for line in text.split("\n") if OPEN.match(line))
+        if not found:
+            print(f"note: {document} has no generated table (no <!-- table REPORT KIND --> line)")
+        stale, tables = stale + changed, tables + found
         if changed and not args.check:
             write_atomic(document, text)
     for marker in stale:
         print(f"{'differs' if args.check else 'rewritten'}: {marker}")
     if args.check and stale:
-        sys.exit(f"error: {len(stale)} table(s) differ from their reports (run mtsa-docs-tables without --check)")
+        sys.exit(f"error: {len(stale)} of {tables} table(s) differ from their reports (run mtsa-docs-tables without "
+                 "--check)")
+    outcome = f"{len(stale)} rewritten" if stale else "all equal their reports"
+    print(f"{tables} generated table(s) in {len(args.documents)} document(s): {outcome}")
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ fairseq until they need them (each checked in a fresh interpreter); and how the 
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,22 @@ def test_user_dir_loads_the_plugin_and_nothing_else(tmp_path):
     outside = [m for m in loaded["ours"] if m.split(".")[1] not in PLUGIN]
     assert outside == [], f"the plugin imports tooling: {outside}"
     assert loaded["registered"] == [True] * 4
+
+
+def test_mtsa_cudnn_attention_0_keeps_the_attention_of_a_process_loading_the_plugin_off_cudnn(tmp_path):
+    probe = ("import sys, torch; from argparse import Namespace; from fairseq import utils; "
+             "utils.import_user_module(Namespace(user_dir=sys.argv[1])); "
+             "print(torch.backends.cuda.cudnn_sdp_enabled())")
+    environment = {name: value for name, value in os.environ.items() if name != "MTSA_CUDNN_ATTENTION"}
+    for value, enabled in ((None, "True"), ("1", "True"), ("0", "False"), ("off", None)):
+        env = environment if value is None else {**environment, "MTSA_CUDNN_ATTENTION": value}
+        proc = subprocess.run([sys.executable, "-c", probe, str(EXPERIMENTS.parent)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        if enabled is None:
+            assert proc.returncode != 0
+            assert "MTSA_CUDNN_ATTENTION must be 0 (cuDNN attention off) or 1, not 'off'" in proc.stderr
+        else:
+            assert proc.returncode == 0 and proc.stdout.split()[-1] == enabled, proc.stderr[-2000:]
 
 
 def test_experiment_commands_start_without_torch_or_fairseq():

@@ -38,6 +38,10 @@ SENTENCE_RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 SENTENCE_KINDS = ("single", "pair", "relatedness")  # what one example of a sentence dataset holds
 BLEU_METRICS = ("sacrebleu", "sacrebleu_lc", "tokenized_compound_split", "t2t_intl")  # the BLEU values of a result file
+# sacreBLEU's BLEU options of the metrics that detokenised text alone gives (tokenized_compound_split also needs the
+# target language's Moses tokeniser)
+SACREBLEU_OPTIONS: dict[str, dict[str, Any]] = {"sacrebleu": {}, "sacrebleu_lc": {"lowercase": True},
+                                                "t2t_intl": {"tokenize": "intl"}}
 RUN_PATHS = ("checkpoint", "data", "config_path", "trained_in", "unreadable_checkpoint")  # run.json's path fields
 
 

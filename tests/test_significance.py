@@ -332,6 +332,7 @@ def test_table6_markdown(results):
         return significance.format_p(ref.pvalue)
 
     assert "| Model | Param# | setup1 · toytest BLEU | setup2 · toytest BLEU |" in text
+    assert "over runs. Every run scored at `ckpt.pt`." in text
     assert f"| Transformer | 61.38M | {cell('base', 'setup1')} | {cell('base', 'setup2')} |" in text
     assert f"| MTSA | 61.58M | {cell('mtsa', 'setup1')} | {cell('mtsa', 'setup2')} |" in text
     assert (f"| p-value (Welch's t-test, one-sided: MTSA > Transformer) |  | {p('setup1', 'greater')} | "
@@ -432,7 +433,7 @@ def _variant(path: Path, tmp_path: Path, name: str, **changes) -> Path:
 
 
 @pytest.mark.parametrize("case", ["signature", "test_set", "missing", "schema", "duplicate_seed", "nan", "bleu_string",
-                                  "empty_file", "seed_string", "params_float", "diverged"])
+                                  "empty_file", "seed_string", "params_float", "diverged", "directory", "twice"])
 def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, case):
     _, files = results
     base, mtsa = list(files["base"]), list(files["mtsa"])
@@ -467,6 +468,12 @@ def test_bad_inputs_exit_with_a_message(results, tmp_path, monkeypatch, capsys, 
     elif case == "params_float":
         base[1] = _variant(base[1], tmp_path, "params.json", num_params=6.5e7)
         message = f"{base[1]}: num_params must be int, got 65000000.0"
+    elif case == "directory":
+        mtsa.append(Path("."))
+        message = "result file . is a directory, not a file"
+    elif case == "twice":
+        mtsa.append(mtsa[0])
+        message = f"result file {mtsa[0]} is given twice"
     elif case == "empty_file":
         mtsa[0] = tmp_path / "empty.json"
         mtsa[0].write_text("")
@@ -496,8 +503,9 @@ def test_nonpositive_seed_is_a_usage_error(results, tmp_path, monkeypatch, capsy
 def test_markdown_names_the_metric_and_keeps_the_signature_apart(results):
     _, files = results
     for metric, header in (("sacrebleu", "Metric: sacreBLEU (`nrefs"),
-                           ("tokenized_compound_split", "Metric: tokenized compound-split BLEU (the runs' sacreBLEU "
-                                                        "signature: `nrefs")):
+                           ("tokenized_compound_split", "Metric: tokenized compound-split BLEU; the paired tests below "
+                                                        "use cased sacreBLEU (`nrefs"),
+                           ("sacrebleu_lc", "Metric: sacreBLEU, lowercased; the paired tests below use cased")):
         comparison = significance.compare(files["base"], files["mtsa"], metric=metric, bootstrap_samples=50,
                                           ar_samples=50, seed=3)
         assert header in significance.render_markdown(comparison, ("Transformer", "MTSA"))
@@ -549,6 +557,48 @@ def test_results_of_other_checkpoints_are_not_compared(results, tmp_path):
     message = "toytest: the baseline's results scored ckpt.pt, the system's checkpoint_avg5.pt: compare results of"
     with pytest.raises(significance.SignificanceError, match=message):
         significance.compare(files["base"], averaged, bootstrap_samples=20, ar_samples=20)
+
+
+def test_checkpoint_kinds_are_compared_apart_and_never_mixed_within_a_side(results, tmp_path):
+    _, files = results
+    setup2 = [[path for path in files[side] if _load(path)["setup"] == "setup2"] for side in ("base", "mtsa")]
+    averaged = [[_variant(path, tmp_path, f"avg_{path.name}", checkpoint="checkpoint_avg_last5.pt") for path in side]
+                for side in setup2]
+    both = significance.compare(setup2[0] + averaged[0], setup2[1] + averaged[1], bootstrap_samples=20,
+                                ar_samples=20)
+    assert [both.label(g) for g in both.groups] == ["setup2 · toytest · checkpoint_avg_last5.pt",
+                                                   "setup2 · toytest · ckpt.pt"]
+    summary = significance.comparison_to_json(both, ("T", "M"), tmp_path)
+    assert [g["checkpoint"] for g in summary["groups"]] == ["checkpoint_avg_last5.pt", "ckpt.pt"]
+    assert summary["groups"][0]["baseline"]["runs"][0]["result"] == averaged[0][0].name  # from the JSON's folder
+    with pytest.raises(significance.SignificanceError, match="setup2 · toytest · ckpt.pt: the baseline has 1 run"):
+        significance.compare([setup2[0][0], averaged[0][1]], [setup2[1][0], averaged[1][1]])
+
+
+@pytest.mark.parametrize("case", ["edited_unpaired", "edited_lowercased", "other_model", "other_generation"])
+def test_results_that_are_not_what_they_say_or_not_alike_are_refused(results, tmp_path, case):
+    _, files = results
+    base, mtsa = list(files["base"]), list(files["mtsa"])
+    metric = "sacrebleu"
+    if case in ("edited_unpaired", "edited_lowercased"):  # seed 3 of the baseline has no pair
+        metric = "sacrebleu_lc" if case == "edited_lowercased" else "sacrebleu"
+        data = _moved(base[2], tmp_path)
+        recorded, data["bleu"][metric] = data["bleu"][metric], 99.0
+        base[2] = tmp_path / "edited.json"
+        base[2].write_text(json.dumps(data))
+        name = "sacreBLEU, lowercased" if metric == "sacrebleu_lc" else "sacreBLEU"
+        message = f"{base[2]}: its hypotheses give {name} {recorded:.2f}, the file records 99.00"
+    elif case == "other_model":
+        base[1] = _variant(base[1], tmp_path, "small.json", num_params=7_577_600)
+        message = (f"setup1 · toytest · ckpt.pt: the baseline's runs are of different models: {base[0]} has "
+                   f"61,378,560 parameters, {base[1]} 7,577,600")
+    else:
+        generation = {**_load(mtsa[1])["generation"], "beam": 1}
+        mtsa[1] = _variant(mtsa[1], tmp_path, "beam1.json", generation=generation)
+        message = f"{mtsa[1]} was generated with beam 1, {base[0]} with 4: score every run alike"
+    with pytest.raises(significance.SignificanceError) as err:
+        significance.compare(base, mtsa, metric=metric, bootstrap_samples=20, ar_samples=20)
+    assert message in str(err.value)
 
 
 def test_the_plot_is_a_png(results, tmp_path, monkeypatch, capsys):

@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from mtsa_fairseq.contracts import BLEU_METRICS, RESULT_SCHEMA, read_json, read_lines, record_path
+from mtsa_fairseq.contracts import (
+    BLEU_METRICS,
+    RESULT_SCHEMA,
+    SACREBLEU_OPTIONS,
+    read_json,
+    read_lines,
+    record_path,
+    relative_path,
+)
 from mtsa_fairseq.experiments.plotting import pyplot
 from mtsa_fairseq.experiments.tables import markdown_table
 
@@ -32,7 +40,7 @@ TEST_NAMES = {"welch": "Welch's t-test", "student": "Student's t-test"}
 METRIC_NAMES = {"sacrebleu": "sacreBLEU", "sacrebleu_lc": "sacreBLEU, lowercased",
                 "tokenized_compound_split": "tokenized compound-split BLEU",
                 "t2t_intl": "t2t-bleu (intl, cased)"}
-GroupKey = tuple[str | None, str]  # (setup, test set)
+GroupKey = tuple[str | None, str, str | None]  # (setup, test set, checkpoint file name)
 _REQUIRED = ("system", "test_set", "num_params", "num_sentences", "hypotheses", "references", "bleu")
 # Field types of a result file, so that a seed "1" is refused rather than left out of the pairing with seed 1.
 _TYPES: dict[str, tuple[type, ...]] = {"system": (str,), "test_set": (str,), "setup": (str,), "seed": (int,),
@@ -58,13 +66,15 @@ class RunResult:
     hypotheses: list[str] = field(repr=False)
     references: list[str] = field(repr=False)
     checkpoint: str | None = None  # the scored checkpoint's file name, e.g. checkpoint_last.pt
+    generation: dict[str, Any] = field(default_factory=dict)  # the generation options it was scored with
 
 
 def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, list[str]] | None = None,
                 allow_diverged: bool = False) -> RunResult:
-    """Read and check one result file: schema, fields, and hypotheses/references line counts; the result of a
-    diverged run is refused unless ``allow_diverged``. ``ref_cache`` (reference path -> lines) reads a reference
-    file shared by several runs once."""
+    """Read and check one result file: schema, fields, hypotheses/references line counts, and its recorded sacreBLEU
+    and ``metric`` against what its hypotheses give (where sacreBLEU alone computes ``metric``:
+    :data:`~mtsa_fairseq.contracts.SACREBLEU_OPTIONS`); the result of a diverged run is refused unless
+    ``allow_diverged``. ``ref_cache`` (reference path -> lines) reads a reference file shared by several runs once."""
     path = Path(path)
     data = read_json(path, RESULT_SCHEMA, "result file", SignificanceError)
     if data.get("diverged") and not allow_diverged:
@@ -99,10 +109,19 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
     if not len(hyps) == len(refs) == n:
         raise SignificanceError(f"{path}: hypotheses have {len(hyps)} lines, references {len(refs)}, "
                                 f"num_sentences is {n}")
+    from sacrebleu.metrics import BLEU
+
+    for name in dict.fromkeys(("sacrebleu", metric)):
+        if name in SACREBLEU_OPTIONS:
+            score = BLEU(**SACREBLEU_OPTIONS[name]).corpus_score(hyps, [refs]).score
+            if abs(score - data["bleu"][name]) > 0.01:
+                raise SignificanceError(f"{path}: its hypotheses give {METRIC_NAMES[name]} {score:.2f}, the file "
+                                        f"records {data['bleu'][name]:.2f} (changed since scoring?)")
     return RunResult(path=path, system=data["system"], setup=data.get("setup"), test_set=data["test_set"],
                      seed=data.get("seed"), num_params=data["num_params"], bleu=data["bleu"],
                      hypotheses=hyps, references=refs,
-                     checkpoint=Path(data["checkpoint"]).name if data.get("checkpoint") else None)
+                     checkpoint=Path(data["checkpoint"]).name if data.get("checkpoint") else None,
+                     generation=data.get("generation") or {})
 
 
 @dataclass(frozen=True)
@@ -362,10 +381,11 @@ class PairedResult:
 
 @dataclass
 class GroupComparison:
-    """Baseline vs system runs on one (setup, test set)."""
+    """Baseline vs system runs on one (setup, test set, scored checkpoint)."""
 
     setup: str | None
     test_set: str
+    checkpoint: str | None
     baseline: list[RunResult]
     system: list[RunResult]
     ttest: TTestResult
@@ -375,14 +395,11 @@ class GroupComparison:
     unmatched_baseline: list[int | None]
     unmatched_system: list[int | None]
 
-    @property
-    def label(self) -> str:
-        return f"{self.setup} · {self.test_set}" if self.setup else self.test_set
 
 
 @dataclass
 class Comparison:
-    """Everything a report needs."""
+    """Everything a report needs; ``label`` names a group in it."""
 
     groups: list[GroupComparison]
     metric: str
@@ -394,9 +411,22 @@ class Comparison:
     ar_samples: int
     seed: int
 
+    @property
+    def checkpoints(self) -> list[str | None]:
+        return list(dict.fromkeys(g.checkpoint for g in self.groups))
+
+    def label(self, group: GroupComparison) -> str:
+        """``setup · test set``, and the scored checkpoint where the groups differ in it."""
+        return _where((group.setup, group.test_set, group.checkpoint if len(self.checkpoints) > 1 else None))
+
+
+def _where(key: GroupKey) -> str:
+    """A group as reports name it: ``setup · test set · checkpoint``, each part where known."""
+    return " · ".join(part for part in key if part)
+
 
 def _check_group(key: GroupKey, baseline: list[RunResult], system: list[RunResult]) -> None:
-    where = f"{key[0]} · {key[1]}" if key[0] else key[1]
+    where = _where(key)
     for side, runs in (("baseline", baseline), ("system", system)):
         if len(runs) < 2:
             raise SignificanceError(f"{where}: the {side} has {len(runs)} run(s); a t-test needs at least 2 per system")
@@ -404,36 +434,52 @@ def _check_group(key: GroupKey, baseline: list[RunResult], system: list[RunResul
         duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
         if duplicates:
             raise SignificanceError(f"{where}: the {side} has several runs with seed {duplicates[0]}")
+        other = next((r for r in runs if r.num_params != runs[0].num_params), None)
+        if other is not None:
+            raise SignificanceError(f"{where}: the {side}'s runs are of different models: {runs[0].path} has "
+                                    f"{runs[0].num_params:,} parameters, {other.path} {other.num_params:,}")
     first = baseline[0]
     for run in baseline[1:] + system:
         if run.references != first.references:
             raise SignificanceError(f"{where}: {run.path} and {first.path} were scored against different references")
+        differ = sorted(k for k in run.generation.keys() & first.generation.keys()
+                        if run.generation[k] != first.generation[k])
+        if differ:
+            key = differ[0]
+            raise SignificanceError(f"{where}: {run.path} was generated with {key} {run.generation[key]!r}, "
+                                    f"{first.path} with {first.generation[key]!r}: score every run alike")
 
 
 def group_results(baseline: list[RunResult],
                   system: list[RunResult]) -> dict[GroupKey, tuple[list[RunResult], list[RunResult]]]:
-    """Group both sides by (setup, test set); each group must exist on both sides with >= 2 runs each."""
+    """Group both sides by (setup, test set, scored checkpoint); each group must exist on both sides with >= 2 runs
+    each, of one model per side, scored alike."""
     groups: dict[GroupKey, tuple[list[RunResult], list[RunResult]]] = {}
     for index, runs in ((0, baseline), (1, system)):
         for run in runs:
-            groups.setdefault((run.setup, run.test_set), ([], []))[index].append(run)
+            groups.setdefault((run.setup, run.test_set, run.checkpoint), ([], []))[index].append(run)
     one_sided = [(key, "baseline" if b else "system") for key, (b, s) in groups.items() if not (b and s)]
     if one_sided:
         key, side = one_sided[0]
+        kinds = [sorted({str(k[2]) for k, runs in groups.items() if k[:2] == key[:2] and runs[i]}) for i in (0, 1)]
+        if all(kinds):
+            raise SignificanceError(f"{_where(key[:2])}: the baseline's results scored {', '.join(kinds[0])}, the "
+                                    f"system's {', '.join(kinds[1])}: compare results of the same checkpoints")
         where = f"setup {key[0]!r}, test set {key[1]!r}"
         raise SignificanceError(f"only the {side} has results for {where}: both systems need the same setups and "
                                 "test sets")
     for key, (b, s) in groups.items():
         _check_group(key, b, s)
-    return dict(sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])))
+    return dict(sorted(groups.items(), key=lambda item: tuple(part or "" for part in item[0])))
 
 
 def load_side(paths: Sequence[Path], metric: str, cache: dict[Path, list[str]],
               allow_diverged: bool = False) -> list[RunResult]:
     """Load one side's result files; they must all name the same system."""
     resolved = [Path(p).resolve() for p in paths]
-    if len(set(resolved)) != len(resolved):
-        raise SignificanceError("a result file is given twice")
+    twice = next((p for p, r in zip(paths, resolved) if resolved.count(r) > 1), None)
+    if twice is not None:
+        raise SignificanceError(f"result file {twice} is given twice")
     runs = [load_result(p, metric, cache, allow_diverged) for p in paths]
     systems = sorted({r.system for r in runs})
     if len(systems) > 1:
@@ -465,11 +511,7 @@ def compare(baseline_paths: Sequence[Path], system_paths: Sequence[Path], *, met
     groups = group_results(baseline, system)
 
     comparisons = []
-    for (setup, test_set), (base_runs, sys_runs) in groups.items():
-        kinds = [sorted({str(r.checkpoint) for r in runs}) for runs in (base_runs, sys_runs)]
-        if kinds[0] != kinds[1]:
-            raise SignificanceError(f"{test_set}: the baseline's results scored {', '.join(kinds[0])}, the "
-                                    f"system's {', '.join(kinds[1])}: compare results of the same checkpoints")
+    for (setup, test_set, checkpoint), (base_runs, sys_runs) in groups.items():
         stats = t_test([r.bleu[metric] for r in base_runs], [r.bleu[metric] for r in sys_runs], test)
         sides = ((stats.mean_baseline, stats.std_baseline, stats.n_baseline),
                  (stats.mean_system, stats.std_system, stats.n_system))
@@ -482,14 +524,9 @@ def compare(baseline_paths: Sequence[Path], system_paths: Sequence[Path], *, met
             other = by_seed[run.seed]
             tests = paired_tests(run.hypotheses, other.hypotheses, run.references,
                                  bootstrap_samples=bootstrap_samples, ar_samples=ar_samples, seed=seed)
-            for result, score in ((run, tests.baseline_bleu), (other, tests.system_bleu)):
-                recorded = result.bleu.get("sacrebleu")
-                if isinstance(recorded, (int, float)) and abs(recorded - score) > 0.01:
-                    raise SignificanceError(f"{result.path}: its hypotheses give sacreBLEU {score:.2f}, the file "
-                                            f"records {recorded:.2f} (changed since scoring?)")
             paired.append(PairedResult(run.seed, tests))
         comparisons.append(GroupComparison(
-            setup=setup, test_set=test_set, baseline=base_runs, system=sys_runs, ttest=stats,
+            setup=setup, test_set=test_set, checkpoint=checkpoint, baseline=base_runs, system=sys_runs, ttest=stats,
             detectable=detectable_difference(*sides[0][1:], *sides[1][1:]), equivalence=equivalence, paired=paired,
             unmatched_baseline=sorted((r.seed for r in base_runs if r.seed not in by_seed), key=_seed_key),
             unmatched_system=sorted((r.seed for r in sys_runs if r.seed not in base_seeds), key=_seed_key),
@@ -547,10 +584,15 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
         "",
         f"Metric: {METRIC_NAMES[comparison.metric]}"
         + (f" (`{comparison.signature}`)" if comparison.metric == "sacrebleu" else
-           f" (the runs' sacreBLEU signature: `{comparison.signature}`)")
-        + "; mean ± sample standard deviation over runs.",
+           f"; the paired tests below use cased sacreBLEU (`{comparison.signature}`)")
+        + "; mean ± sample standard deviation over runs."
+        + (f" Every run scored at `{comparison.checkpoints[0]}`." if comparison.checkpoints[0] and
+           len(comparison.checkpoints) == 1 else "")
+        + ("" if comparison.metric in SACREBLEU_OPTIONS else
+           f" {METRIC_NAMES[comparison.metric]} is taken as the result files record it (`mtsa-score --rescore` "
+           "recomputes it)."),
         "",
-        *markdown_table(["Model", "Param#", *(f"{g.label} BLEU" for g in groups)], rows,
+        *markdown_table(["Model", "Param#", *(f"{comparison.label(g)} BLEU" for g in groups)], rows,
                         align="lr" + "r" * len(groups)),
         "",
         "With few runs per system the t-test has little power: a large p-value is no evidence that the systems "
@@ -561,7 +603,7 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
     for g in groups:
         lines += [
             "",
-            f"### {g.label}: paired tests per seed",
+            f"### {comparison.label(g)}: paired tests per seed",
             "",
             f"sacreBLEU of the two runs trained with the same seed; paired bootstrap resampling "
             f"({comparison.bootstrap_samples} resamples, {BOOTSTRAPS[comparison.bootstrap]}) and approximate "
@@ -585,12 +627,15 @@ def render_markdown(comparison: Comparison, names: tuple[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparison_to_json(comparison: Comparison, names: tuple[str, str]) -> dict[str, Any]:
-    """A JSON-serialisable summary of the comparison."""
+def comparison_to_json(comparison: Comparison, names: tuple[str, str], folder: Path | None = None) -> dict[str, Any]:
+    """A JSON-serialisable summary of the comparison; result paths relative to ``folder`` (the JSON file's) if
+    given."""
 
     def side(runs: list[RunResult], name: str) -> dict[str, Any]:
         return {"name": name, "num_params": sorted({r.num_params for r in runs}),
-                "runs": [{"seed": r.seed, "bleu": r.bleu[comparison.metric], "result": str(r.path)} for r in runs]}
+                "runs": [{"seed": r.seed, "bleu": r.bleu[comparison.metric],
+                          "result": str(r.path) if folder is None else relative_path(r.path, folder)}
+                         for r in runs]}
 
     c = comparison
     return {
@@ -598,8 +643,9 @@ def comparison_to_json(comparison: Comparison, names: tuple[str, str]) -> dict[s
         "bootstrap": c.bootstrap, "paired_tests": PAIRED_TESTS, "power": POWER, "alpha": ALPHA,
         "equivalence_margin": c.equivalence_margin, "bootstrap_samples": c.bootstrap_samples,
         "ar_samples": c.ar_samples, "seed": c.seed,
-        "groups": [{"setup": g.setup, "test_set": g.test_set, "baseline": side(g.baseline, names[0]),
-                    "system": side(g.system, names[1]), "t_test": vars(g.ttest), "detectable_difference": g.detectable,
+        "groups": [{"setup": g.setup, "test_set": g.test_set, "checkpoint": g.checkpoint,
+                    "baseline": side(g.baseline, names[0]), "system": side(g.system, names[1]),
+                    "t_test": vars(g.ttest), "detectable_difference": g.detectable,
                     "equivalence": None if g.equivalence is None else vars(g.equivalence),
                     "paired": [{"seed": p.seed, **vars(p.tests)} for p in g.paired],
                     "unmatched_seeds": {"baseline": g.unmatched_baseline, "system": g.unmatched_system}}
@@ -625,7 +671,7 @@ def plot(comparison: Comparison, names: tuple[str, str], path: Path) -> None:
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel("seed")
         ax.set_ylabel(f"{METRIC_NAMES[comparison.metric]}")
-        ax.set_title(f"{g.label} (p = {format_p(g.ttest.p_greater)}, one-sided)", fontsize=9)
+        ax.set_title(f"{comparison.label(g)} (p = {format_p(g.ttest.p_greater)}, one-sided)", fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=120)

@@ -69,7 +69,8 @@ def _main() -> None:
         parser.error("--markdown, --json and --plot must be different files")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         parser.error(f"--plot writes a PNG image: name it OUT.png, not {args.plot}")
-    inputs = {path.resolve() for result in args.baseline + args.system for path in (result, hypotheses_path(result))}
+    inputs = {path.resolve() for result in args.baseline + args.system if result.name
+              for path in (result, hypotheses_path(result))}
     for path in outputs:
         if not path.parent.is_dir():
             parser.error(f"directory of {path} does not exist")
@@ -86,7 +87,8 @@ def _main() -> None:
     )
     names = tuple(args.names) if args.names else significance.default_names(comparison)
     report = significance.render_markdown(comparison, names)
-    summary = json.dumps(significance.comparison_to_json(comparison, names), indent=2) + "\n"
+    folder = args.json.parent if args.json is not None else None
+    summary = json.dumps(significance.comparison_to_json(comparison, names, folder), indent=2) + "\n"
     sys.stdout.write(report)
     writing = None
     try:

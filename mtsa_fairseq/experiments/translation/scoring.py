@@ -30,6 +30,7 @@ from typing import Any
 from mtsa_fairseq.contracts import (
     MANIFEST_SCHEMA,
     RESULT_SCHEMA,
+    SACREBLEU_OPTIONS,
     check_checksums,
     not_found,
     read_json,
@@ -110,7 +111,7 @@ def sacrebleu_bleu(hypotheses: Sequence[str], references: Sequence[str], lowerca
     """sacreBLEU's default detokenised corpus BLEU (``lowercase``: of both sides lowercased) and its signature."""
     from sacrebleu.metrics import BLEU
 
-    metric = BLEU(lowercase=lowercase)
+    metric = BLEU(**SACREBLEU_OPTIONS["sacrebleu_lc" if lowercase else "sacrebleu"])
     score = metric.corpus_score(list(hypotheses), [list(references)])
     return score.score, str(metric.get_signature())
 
@@ -129,7 +130,7 @@ def t2t_intl_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float
     """Case-sensitive BLEU with the international tokenisation, as ``t2t-bleu`` computes it."""
     from sacrebleu.metrics import BLEU
 
-    return BLEU(tokenize="intl").corpus_score(list(hypotheses), [list(references)]).score
+    return BLEU(**SACREBLEU_OPTIONS["t2t_intl"]).corpus_score(list(hypotheses), [list(references)]).score
 
 
 def bleu_scores(hypotheses: Sequence[str], references: Sequence[str], target_lang: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Is one system's BLEU better than another's? Tests over training runs and over sentences.
 
 Input: result files of ``scripts/score.py`` (``mtsa-fairseq.result.v1``) for a baseline and a system, grouped
-by the results' ``setup`` and ``test_set`` (e.g. setup1 and setup2 of the MTSA paper's Table 6). Over runs:
+by the results' ``setup``, ``test_set`` and scored checkpoint (e.g. setup1 and setup2 of the MTSA paper's Table 6),
+each checked against its hypotheses (:func:`load_result`). Over runs:
 Welch's or Student's t-test (:func:`t_test`), the detectable difference and the equivalence test; over
 sentences, for runs trained with the same seed: sacreBLEU's paired bootstrap and approximate randomization
 (:func:`paired_tests`), p = (count + 1) / (samples + 1), ties counted. The protocol is described in

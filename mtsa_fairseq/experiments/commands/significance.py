@@ -1,6 +1,6 @@
 """Compare two systems' BLEU over training runs, as in the MTSA paper's Table 6.
 
-Reads result files of scripts/score.py, groups them by setup and test set, runs a t-test over runs
+Reads result files of scripts/score.py, groups them by setup, test set and scored checkpoint, runs a t-test over runs
 (Welch's by default) with the difference it detects at 80% power (and, with --equivalence-margin, an
 equivalence test) and, for runs of both systems trained with the same seed, the paired bootstrap
 (centred, two-sided; --bootstrap moses shows sacreBLEU's one-sided-like one instead) and approximate

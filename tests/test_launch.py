@@ -391,6 +391,15 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
     model.mtsa_s2t_bias_init, model.mtsa_kernel = 0.0, "dense"
     torch.save(state, tmp_path / "dense.pt")
     average_script("--inputs", str(inputs[1]), str(tmp_path / "dense.pt"), "--averaged", str(tmp_path / "x.pt"))
+    for name, digest in (("ids_a.pt", "a" * 64), ("ids_b.pt", "b" * 64)):  # as sentence_encoding checkpoints record
+        torch.save({**state, "task_state": {"ids_sha256": digest}}, tmp_path / name)
+    with pytest.raises(SystemExit) as refused:
+        average_script("--inputs", str(tmp_path / "ids_a.pt"), str(tmp_path / "ids_b.pt"), "--averaged",
+                       str(tmp_path / "y.pt"))
+    assert refused.value.code == (
+        f"error: {tmp_path / 'ids_b.pt'} was trained on data whose word or class ids mean other words or classes than "
+        f"{tmp_path / 'ids_a.pt'}'s (their task states record them): average checkpoints of one dataset")
+    assert not (tmp_path / "y.pt").exists()
     gen = tool("fairseq-generate", str(corpus / "prepared/bin"), "--user-dir", USER_DIR, "--path", str(out), "--cpu",
                "--beam", "2", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0")
     assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 20

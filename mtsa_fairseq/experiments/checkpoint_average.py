@@ -1,7 +1,8 @@
 """Average the parameters of several fairseq checkpoints (e.g. a run's last N interval checkpoints): floating-point
 parameters are summed in float64 and cast back to their dtype, everything else (integer buffers, config, optimizer
 history) is the newest checkpoint's (the most updates). Checkpoints whose run.json files record different
-dictionaries, or whose models differ in arch or MTSA options (the kernel aside), are refused. Checkpoints are read
+dictionaries, whose task states record different ids (sentence_encoding), or whose models differ in arch or MTSA
+options (the kernel aside), are refused. Checkpoints are read
 with ``torch.load(weights_only=True)`` (:mod:`mtsa_fairseq.checkpoint_safety`)."""
 
 from __future__ import annotations
@@ -97,9 +98,17 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     sums: dict[str, torch.Tensor] = {}
     newest: dict[str, Any] | None = None
     keys: list[str] | None = None
+    first_ids: tuple[Path, str] | None = None  # a sentence_encoding checkpoint's digest of what its ids mean
     for path in paths:
         state = _load(path)
         model = state["model"]
+        ids = (state.get("task_state") or {}).get("ids_sha256")
+        if ids is not None and first_ids is None:
+            first_ids = (path, ids)
+        elif ids is not None and first_ids is not None and ids != first_ids[1]:
+            raise AverageError(f"{path} was trained on data whose word or class ids mean other words or classes than "
+                               f"{first_ids[0]}'s (their task states record them): average checkpoints of one "
+                               "dataset")
         if keys is None:
             keys, options = list(model), model_options(state)
         elif set(model) != set(keys):

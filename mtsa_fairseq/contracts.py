@@ -37,6 +37,7 @@ RESULT_SCHEMA = "mtsa-fairseq.result.v1"
 SENTENCE_RESULT_SCHEMA = "mtsa-fairseq.sentence-result.v1"
 SENTENCE_DATA_SCHEMA = "mtsa-fairseq.sentence-data.v1"
 SENTENCE_KINDS = ("single", "pair", "relatedness")  # what one example of a sentence dataset holds
+IDS_KEY = "ids_sha256"  # a sentence_encoding checkpoint's task state: SHA-256 of its dictionary words and label names
 BLEU_METRICS = ("sacrebleu", "sacrebleu_lc", "tokenized_compound_split", "t2t_intl")  # the BLEU values of a result file
 # sacreBLEU's BLEU options of the metrics that detokenised text alone gives (tokenized_compound_split also needs the
 # target language's Moses tokeniser)

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mtsa_fairseq.contracts import run_beside
+from mtsa_fairseq.contracts import IDS_KEY, run_beside
 
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # --save-interval-updates
 EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # end of an epoch
@@ -102,13 +102,13 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     for path in paths:
         state = _load(path)
         model = state["model"]
-        ids = (state.get("task_state") or {}).get("ids_sha256")
-        if ids is not None and first_ids is None:
-            first_ids = (path, ids)
-        elif ids is not None and first_ids is not None and ids != first_ids[1]:
-            raise AverageError(f"{path} was trained on data whose word or class ids mean other words or classes than "
-                               f"{first_ids[0]}'s (their task states record them): average checkpoints of one "
-                               "dataset")
+        ids = (state.get("task_state") or {}).get(IDS_KEY)
+        if ids is not None:
+            first_ids = first_ids or (path, ids)
+            if ids != first_ids[1]:
+                raise AverageError(f"{path} was trained on data whose word or class ids mean other words or classes "
+                                   f"than {first_ids[0]}'s (their task states record them): average checkpoints of "
+                                   "one dataset")
         if keys is None:
             keys, options = list(model), model_options(state)
         elif set(model) != set(keys):

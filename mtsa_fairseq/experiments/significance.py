@@ -397,7 +397,6 @@ class GroupComparison:
     unmatched_system: list[int | None]
 
 
-
 @dataclass
 class Comparison:
     """Everything a report needs; ``label`` names a group in it."""

@@ -78,11 +78,11 @@ def render(document: Path, kinds: dict[str, Kind]) -> tuple[str, list[str]]:
         out.append(lines[i])
         match = OPEN.match(lines[i])
         i += 1
-        where = f"{document}:{i}"
-        if match is None and lines[i - 1].startswith("<!-- table"):
-            raise TableError(f"{where}: not a table marker <!-- table REPORT KIND [OPTION=VALUE ...] -->")
         if match is None:
+            if lines[i - 1].startswith("<!-- table"):
+                raise TableError(f"{document}:{i}: not a table marker <!-- table REPORT KIND [OPTION=VALUE ...] -->")
             continue
+        where = f"{document}:{i}"
         end = next((j for j in range(i, len(lines)) if lines[j] == CLOSE), None)
         if end is None:
             raise TableError(f"{where}: no {CLOSE} after this table marker")

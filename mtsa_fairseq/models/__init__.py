@@ -11,8 +11,8 @@ import torch
 from ..checkpoint_safety import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
-if os.environ.get("MTSA_CUDNN_ATTENTION", "1") not in ("0", "1"):
-    raise ValueError(f"MTSA_CUDNN_ATTENTION must be 0 (cuDNN attention off) or 1, not "
-                     f"{os.environ['MTSA_CUDNN_ATTENTION']!r}")
-if os.environ.get("MTSA_CUDNN_ATTENTION") == "0":
+_cudnn_attention = os.environ.get("MTSA_CUDNN_ATTENTION", "1")
+if _cudnn_attention not in ("0", "1"):
+    raise ValueError(f"MTSA_CUDNN_ATTENTION must be 0 (cuDNN attention off) or 1, not {_cudnn_attention!r}")
+if _cudnn_attention == "0":
     torch.backends.cuda.enable_cudnn_sdp(False)

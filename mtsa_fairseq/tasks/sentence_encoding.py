@@ -21,7 +21,7 @@ import torch
 from fairseq.data import Dictionary, FairseqDataset, data_utils
 from fairseq.tasks import LegacyFairseqTask, register_task
 
-from ..contracts import read_sentence_manifest
+from ..contracts import IDS_KEY, read_sentence_manifest
 from ..criterions.sentence_encoding import SentenceEncodingCriterion  # (importing registers the task's criterion)
 
 
@@ -116,7 +116,7 @@ class SentenceEncodingTask(LegacyFairseqTask):
         self.ids_sha256 = hashlib.sha256(ids.encode("utf-8")).hexdigest()
 
     def check_ids(self, recorded: str | None) -> None:
-        """Refuse a checkpoint whose recorded ``ids_sha256`` is not this data's (none recorded: an older checkpoint,
+        """Refuse a checkpoint whose recorded :data:`IDS_KEY` is not this data's (none recorded: an older checkpoint,
         nothing to check)."""
         if recorded is not None and recorded != self.ids_sha256:
             raise ValueError(f"the checkpoint was trained on other data than {self.args.data}: its word or class ids "
@@ -184,22 +184,22 @@ class SentenceEncodingTask(LegacyFairseqTask):
 
     def state_dict(self) -> dict[str, Any]:
         """The task state every checkpoint holds (``task_state``), read back when one is loaded for evaluation."""
-        return {**super().state_dict(), "ids_sha256": self.ids_sha256}
+        return {**super().state_dict(), IDS_KEY: self.ids_sha256}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.check_ids(state_dict.get("ids_sha256"))
-        super().load_state_dict({key: value for key, value in state_dict.items() if key != "ids_sha256"})
+        self.check_ids(state_dict.get(IDS_KEY))
+        super().load_state_dict({key: value for key, value in state_dict.items() if key != IDS_KEY})
 
     def get_checkpoint_dict(self) -> dict[str, Any]:
         """fairseq's hook for training state in checkpoints, read back on a resume: the ids' digest and the
         early-stopping state (see the module docstring)."""
         stopper = _fairseq_early_stopping()
         state = {key: getattr(stopper, key) for key in EARLY_STOPPING_STATE if hasattr(stopper, key)}
-        return {type(self).__name__: {"ids_sha256": self.ids_sha256, **({"early_stopping": state} if state else {})}}
+        return {type(self).__name__: {IDS_KEY: self.ids_sha256, **({"early_stopping": state} if state else {})}}
 
     def set_checkpoint_dict(self, state: dict[str, Any]) -> None:
         """fairseq's hook on resuming from a checkpoint: check the ids, restore the early-stopping state."""
-        self.check_ids(state.get("ids_sha256"))
+        self.check_ids(state.get(IDS_KEY))
         stopper = _fairseq_early_stopping()
         if stopper is not None:
             for key, value in state.get("early_stopping", {}).items():

@@ -4,11 +4,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from process_helpers import children_of, wait_for
 
-from mtsa_fairseq.experiments.processes import PROGRESS_PREFIX, LockBusy, RunLock, UpdateProgress, run_logged
+from mtsa_fairseq.experiments.processes import PROGRESS_PREFIX, LockBusy, RunLock, UpdateProgress, run_logged, say
 
 HOLD = "import sys, time; sys.stdout.write('holding\\n'); sys.stdout.flush(); time.sleep(60)"
 
@@ -93,6 +95,28 @@ def test_update_progress_eta_uses_this_sessions_rate():
     progress("num_updates 150")
     progress.start = 0.0
     assert progress.line(50.0) == "[progress] run: 150/300 updates (50%), 00:50 elapsed, ETA 02:30"
+
+
+def test_threads_sharing_a_stream_print_whole_lines():
+    class Stream:  # a write yields to the other threads, as a busy console does
+        def __init__(self):
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> None:
+            time.sleep(0.0005)
+            self.writes.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    stream = Stream()
+    jobs = [threading.Thread(target=lambda job=job: [say(f"job {job}: line {i}", stream) for i in range(10)])
+            for job in range(4)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    assert sorted(stream.writes) == sorted(f"job {job}: line {i}\n" for job in range(4) for i in range(10))
 
 
 @pytest.mark.slow

@@ -236,9 +236,17 @@ def stop_children() -> None:
         stop_group(proc)
 
 
+def say(line: str, stream: Any = None) -> None:
+    """Write ``line`` and its newline to ``stream`` (default: stdout) in one call and flush: threads that share the
+    stream print whole lines (``print`` writes the text and its end apart)."""
+    stream = stream or sys.stdout
+    stream.write(f"{line}\n")
+    stream.flush()
+
+
 def to_stderr(line: str) -> None:
-    """Print ``line`` to stderr at once (progress lines, beside a child's output on stdout)."""
-    print(line, file=sys.stderr, flush=True)
+    """:func:`say` ``line`` on stderr (progress lines, beside a child's output on stdout)."""
+    say(line, sys.stderr)
 
 
 PROGRESS_PREFIX = "[progress] "

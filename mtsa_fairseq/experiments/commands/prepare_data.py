@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from mtsa_fairseq.experiments.errors import DataError
-from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.processes import run_command, say
 from mtsa_fairseq.experiments.translation.data_prep import (
     MODEL_TYPES,
     NORMALIZATIONS,
@@ -77,7 +77,7 @@ def _main(argv: list[str] | None = None) -> None:
         check_options(cfg)
     except DataError as err:
         parser.error(str(err))
-    prepare(cfg, log=lambda line: print(line, flush=True))
+    prepare(cfg, log=say)
 
 
 def main(argv: list[str] | None = None) -> None:

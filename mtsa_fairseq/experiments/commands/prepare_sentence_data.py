@@ -6,7 +6,7 @@ tokenise, build the word dictionary and binarise into OUT (manifest.json, dict.t
 import argparse
 from pathlib import Path
 
-from mtsa_fairseq.experiments.processes import run_command
+from mtsa_fairseq.experiments.processes import run_command, say
 from mtsa_fairseq.experiments.sentence.data import (
     CLASS_FILES,
     DATASETS,
@@ -70,7 +70,7 @@ def _main(argv: list[str] | None = None) -> None:
         resolve(cfg)  # options that do not apply, or values out of range: usage errors
     except DataError as err:
         parser.error(str(err))
-    prepare(cfg, log=lambda line: print(line, flush=True))
+    prepare(cfg, log=say)
 
 
 def main(argv: list[str] | None = None) -> None:

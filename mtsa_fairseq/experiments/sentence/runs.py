@@ -17,7 +17,6 @@ import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,14 @@ from mtsa_fairseq.experiments.fairseq_train import (
     read_config_file,
 )
 from mtsa_fairseq.experiments.files import atomic_path, write_json
-from mtsa_fairseq.experiments.processes import RunLock, UpdateProgress, find_executable, run_logged, stop_children
+from mtsa_fairseq.experiments.processes import (
+    RunLock,
+    UpdateProgress,
+    find_executable,
+    run_logged,
+    say,
+    stop_children,
+)
 from mtsa_fairseq.experiments.runs import best_repair, is_done, mean_train_wps, previous_run, session, write_run
 
 CONFIG_KEYS = ("name", "dataset", "metric", "description", "fairseq")
@@ -41,7 +47,6 @@ RUN_OPTIONS = ("arch", "seed", "save-dir", "cv-fold", "user-dir", "task")
 # fairseq's simple-format validation line: "... | valid on 'valid' subset | ... | accuracy 54.9 | ... | num_updates 300"
 _VALID_LINE = re.compile(r"\| valid on 'valid' subset \|(.*)$", re.MULTILINE)
 _FIELD = re.compile(r"\| ([a-z_]+) ([-+0-9.eE]+|nan|inf)(?= \||$)")
-_SAY = partial(print, flush=True)  # the default log
 
 
 def dev_curve(log_text: str, metric: str) -> list[list[float]]:
@@ -232,7 +237,7 @@ def run_one(config: TaskConfig, run: Run, data: Path, out: Path, max_update: int
     budget, and its result stands); a new run that the same command finished in ``trained_in`` is adopted."""
     from mtsa_fairseq.experiments.sentence.evaluation import EvaluationError, evaluate, write_result
 
-    log = log or _SAY
+    log = log or say
     run_dir, result_path = run.run_dir(out), run.result_path(out)
     budget = max_update if max_update is not None else config.options(run.arch)["max-update"]
     run_dir.mkdir(parents=True, exist_ok=True)

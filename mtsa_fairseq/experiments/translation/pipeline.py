@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mtsa_fairseq.experiments.errors import ConfigError
 from mtsa_fairseq.experiments.files import readable_json
-from mtsa_fairseq.experiments.processes import PROGRESS_PREFIX, run_logged, stop_children
+from mtsa_fairseq.experiments.processes import PROGRESS_PREFIX, run_logged, say, stop_children
 from mtsa_fairseq.experiments.translation.train_config import check_with_fairseq, load_config
 
 Command = Callable[..., list[str]]  # name, *args -> the command line of that project command (experiments.command)
@@ -35,7 +35,7 @@ def result_path(out: Path, config: Path, seed: int, test: str, kind: str = "last
 
 
 def log(message: str) -> None:
-    print(f"[pipeline] {message}", flush=True)
+    say(f"[pipeline] {message}")
 
 
 def run_script(command: Command, name: str, *args: str, log_file: Path | None = None,
@@ -50,7 +50,7 @@ def run_script(command: Command, name: str, *args: str, log_file: Path | None = 
 
     def show_progress(line: str) -> None:
         if line.startswith(PROGRESS_PREFIX):
-            print(f"[pipeline]   {line[len(PROGRESS_PREFIX):].rstrip()}", flush=True)
+            say(f"[pipeline]   {line[len(PROGRESS_PREFIX):].rstrip()}")
 
     code, _, output = run_logged(cmd, log_file, env, echo=log_file is None,
                                  on_line=show_progress if log_file is not None else None)

@@ -332,6 +332,29 @@ def test_a_run_is_not_resumed_under_other_training_options(trained, corpus, tmp_
     assert run_json(tmp_path / "tiny" / "seed1")["num_updates"] == 15
 
 
+def test_a_run_is_not_resumed_or_taken_as_done_on_other_data_or_averaging(trained, corpus, tmp_path):
+    """A run trained on other dictionaries (the same size or not) would go on, or be scored, with ids that mean
+    other words; a finished run scored at another average_last would be skipped unscored as asked: both refused."""
+    _, root, _ = trained
+    config = write_config(tmp_path / "same", updates=20)  # same name, so the same run directories
+    run_dir = tmp_path / "tiny" / "seed1"
+    shutil.copytree(root / "seed1", run_dir, symlinks=True)
+    record = json.loads((run_dir / "run.json").read_text())
+    record["dictionaries"] = {name: "0" * 64 for name in record["dictionaries"]}  # trained on other data
+    (run_dir / "run.json").write_text(json.dumps(record))
+    with pytest.raises(LaunchError, match=r"seed 1: .* was trained with another dict\.de\.txt than .*prepared has "
+                                          r"\(its run.json records the dictionaries\); use another --out"):
+        execute(plan(config, corpus / "prepared", [1], tmp_path, LaunchOptions(threads=1)), dry_run=True)
+    shutil.rmtree(run_dir)
+    shutil.copytree(root / "seed1", run_dir, symlinks=True)  # done at 15 updates, the last checkpoint scored
+    config = write_config(tmp_path / "same", updates=15)
+    with pytest.raises(LaunchError, match=r"seed 1: .* is done, scored at .*checkpoint_last.pt \(average_last 0\), "
+                                          r"where this plan asks for average_last 2; average its kept checkpoints"):
+        execute(plan(config, corpus / "prepared", [1], tmp_path, LaunchOptions(threads=1, average_last=2)),
+                dry_run=True)
+    assert run_json(run_dir)["num_updates"] == 15
+
+
 def average_script(*args: str) -> None:
     """Run scripts/average_checkpoints.py in this process (its errors raise SystemExit)."""
     argv = sys.argv

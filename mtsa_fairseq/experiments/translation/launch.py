@@ -27,7 +27,7 @@ def execute(plan_: Plan, dry_run: bool = False, log: Callable[[str], None] = pri
     for run in plan_.runs:
         previous = previous_run(run.run_dir)
         _check_not_past(run, previous, max_update)
-        _check_same_training(run, previous)
+        _check_same_training(run, previous, max_update)
     if dry_run:
         if plan_.view is not None and not plan_.view.path.exists():
             log(f"# would build the length-filtered training data {plan_.view.path}")
@@ -88,10 +88,26 @@ def _training_options(args: list[str]) -> dict[str, str]:
     return {key: value for key, value in options.items() if key not in _RESUMABLE_WITH_OTHER}
 
 
-def _check_same_training(run: SeedRun, previous: dict[str, Any] | None) -> None:
-    """Refuse to resume a run with other training options than it was trained with (a changed config or
-    --extra-args): its checkpoints would continue under the new ones (the budget and --cpu may change)."""
-    if not previous or previous.get("train_args") is None:  # nothing trained, or recorded before train_args
+def _check_same_training(run: SeedRun, previous: dict[str, Any] | None, max_update: int) -> None:
+    """Refuse to resume, or to take as done, a run trained on other data (dictionaries) or with other training
+    options than the plan's (a changed config or --extra-args): its checkpoints would continue under the new ones
+    (the budget and --cpu may change). A finished run scored with another ``average_last`` is refused too."""
+    if not previous:
+        return
+    was_dicts, now_dicts = previous.get("dictionaries") or {}, run.record["dictionaries"]
+    trained = (run.run_dir / "checkpoint_last.pt").exists()
+    other = next((name for name in sorted(was_dicts) if was_dicts[name] != now_dicts.get(name) and trained), None)
+    if other is not None:
+        raise LaunchError(f"seed {run.seed}: {run.run_dir} was trained with another {other} than "
+                          f"{run.record['data']} has (its run.json records the dictionaries); use another --out or "
+                          "--save-root, or the data it was trained with")
+    was_average, now_average = previous.get("average_last") or 0, run.record["average_last"] or 0
+    if is_done(previous, max_update) and was_average != now_average:
+        raise LaunchError(f"seed {run.seed}: {run.run_dir} is done, scored at {previous.get('checkpoint')} "
+                          f"(average_last {was_average}), where this plan asks for average_last {now_average}; "
+                          "average its kept checkpoints with mtsa-average-checkpoints, or use another --out or "
+                          "--save-root")
+    if previous.get("train_args") is None:  # recorded before train_args
         return
     was, now = _training_options(previous["train_args"]), _training_options(run.record["train_args"])
     changed = [f"{key} {was[key] or '(set)'} -> {now[key] or '(set)'}" if key in was and key in now

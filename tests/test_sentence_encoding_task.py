@@ -228,8 +228,15 @@ def test_cross_validation_folds(tmp_path):
     save = train(data, tmp_path / "run", "mtsa_encoder", "--cv-fold", "3", updates=4)
     result = evaluate(save / "checkpoint_last.pt", tmp_path / "fold3.json", "--split", "valid")
     assert result["cv_fold"] == 3 and result["num_examples"] == folds.count(3) == 10
-    other = evaluate(save / "checkpoint_last.pt", tmp_path / "fold5.json", "--split", "valid", "--cv-fold", "5")
-    assert other["cv_fold"] == 5 and other["num_examples"] == folds.count(5)
+    same = evaluate(save / "checkpoint_last.pt", tmp_path / "fold3-again.json", "--split", "valid", "--cv-fold", "3")
+    assert same["cv_fold"] == 3 and same["metrics"] == result["metrics"]
+    other = run(sys.executable, str(ROOT / "scripts/evaluate_sentence.py"), "--checkpoint",
+                str(save / "checkpoint_last.pt"), "--result", str(tmp_path / "fold5.json"), "--split", "valid",
+                "--cv-fold", "5", check=False)
+    assert other.returncode == 1 and not (tmp_path / "fold5.json").exists()  # fold 5 is in its training data
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"error: {save / 'checkpoint_last.pt'} was trained on every fold but 3: fold 5 is in its training data; "
+        "evaluate it on --cv-fold 3")
     # the experiment over folds: each run held out on its fold, the report pairs the architectures by fold
     config = tmp_path / "cr_small.yaml"
     config.write_text(

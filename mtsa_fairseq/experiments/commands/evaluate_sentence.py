@@ -21,7 +21,8 @@ def _main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint to evaluate")
     parser.add_argument("--split", default="test", help="split to evaluate (default: test; CV data: the held-out fold)")
     parser.add_argument("--data", type=Path, help="prepared data directory (default: the checkpoint's)")
-    parser.add_argument("--cv-fold", type=int, help="held-out fold (default: the checkpoint's)")
+    parser.add_argument("--cv-fold", type=int, help="held-out fold (default: the checkpoint's; another fold is in its "
+                        "training data and is refused)")
     parser.add_argument("--batch-size", type=int, default=128, help="sentences per batch (default: 128)")
     parser.add_argument("--cpu", action="store_true", help="evaluate on the CPU (default: the GPU when there is one)")
     parser.add_argument("--result", type=Path, help="write the result JSON here")

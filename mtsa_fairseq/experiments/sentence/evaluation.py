@@ -1,7 +1,8 @@
 """Evaluate a trained sentence encoder on one split: accuracy, or Pearson r / Spearman rho / MSE (SICK), as one JSON
 result with the per-example predictions (for the significance tools). The model, task options (``--cv-fold``
-included) and data directory come from the checkpoint; the data directory and fold can be overridden, and data whose
-dictionary or labels are not those the checkpoint was trained with is refused (by its run.json, else by the task)."""
+included) and data directory come from the checkpoint. The data directory can be overridden, the fold only where the
+checkpoint records none: another fold than its held-out one is in its training data and is refused, as is data whose
+dictionary or labels are not those the checkpoint was trained with (by its run.json, else by the task)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ class EvaluationError(ValueError):
     """A checkpoint, data directory or split that cannot be evaluated; the message says why."""
 
 
+def _load_state(checkpoint: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    from fairseq import checkpoint_utils
+
+    try:
+        return checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), overrides)
+    except Exception as exc:  # fairseq and torch raise many kinds for a file that is not a checkpoint
+        reason = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])  # torch's run over lines
+        raise EvaluationError(f"cannot load checkpoint {checkpoint}: {reason}") from None
+
+
 def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any, Any, Any, dict[str, Any]]:
     from fairseq import checkpoint_utils
 
@@ -28,14 +39,16 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
     overrides: dict[str, Any] = {}
     if data is not None:
         overrides["data"] = str(data)
-    if cv_fold is not None:
-        overrides["cv_fold"] = cv_fold
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), overrides)
-    except Exception as exc:  # fairseq and torch raise many kinds for a file that is not a checkpoint
-        reason = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])  # torch's run over lines
-        raise EvaluationError(f"cannot load checkpoint {checkpoint}: {reason}") from None
+    state = _load_state(checkpoint, overrides)
     task_cfg = (state.get("cfg") or {}).get("task")  # a config or, for tasks with legacy options, a Namespace
+    held_out = task_cfg.get("cv_fold") if hasattr(task_cfg, "keys") else getattr(task_cfg, "cv_fold", None)
+    if cv_fold is not None and held_out is not None and cv_fold != held_out:
+        raise EvaluationError(f"{checkpoint} was trained on every fold but {held_out}: fold {cv_fold} is in its "
+                              f"training data; evaluate it on --cv-fold {held_out}")
+    if cv_fold is not None and held_out is None:  # a checkpoint that does not record its fold
+        overrides["cv_fold"] = cv_fold
+        state = _load_state(checkpoint, overrides)
+        task_cfg = (state.get("cfg") or {}).get("task")
     task_name = task_cfg.get("_name") if hasattr(task_cfg, "keys") else getattr(task_cfg, "_name", None)
     if task_name not in (None, "sentence_encoding"):  # before building: a translation task would look for its files
         raise EvaluationError(f"{checkpoint} is a {task_name} checkpoint, not a sentence_encoding one")

@@ -423,6 +423,19 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
         f"error: {tmp_path / 'ids_b.pt'} was trained on data whose word or class ids mean other words or classes than "
         f"{tmp_path / 'ids_a.pt'}'s (their task states record them): average checkpoints of one dataset")
     assert not (tmp_path / "y.pt").exists()
+    last_epoch = max(root.glob("seed1/checkpoint[0-9]*.pt"), key=lambda p: int(p.stem[len("checkpoint"):]))
+    with pytest.raises(SystemExit) as refused:  # checkpoint_last.pt holds the last epoch checkpoint's weights
+        average_script("--inputs", str(last_epoch), str(root / "seed1" / "checkpoint_last.pt"), "--averaged",
+                       str(tmp_path / "z.pt"))
+    assert refused.value.code == (
+        f"error: {root / 'seed1' / 'checkpoint_last.pt'} and {last_epoch} were both saved at update 15: the same "
+        "weights would count twice; average checkpoints of different updates")
+    seed2 = interval_checkpoints(root / "seed2")[-1]
+    with pytest.raises(SystemExit) as refused:  # independently trained runs: their weights do not align
+        average_script("--inputs", str(inputs[0]), str(seed2), "--averaged", str(tmp_path / "z.pt"))
+    assert refused.value.code == (f"error: {seed2} is of another run than {inputs[0]} (seed and fold (2, None) against "
+                                  "(1, None)): average checkpoints of one run")
+    assert not (tmp_path / "z.pt").exists()
     gen = tool("fairseq-generate", str(corpus / "prepared/bin"), "--user-dir", USER_DIR, "--path", str(out), "--cpu",
                "--beam", "2", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0")
     assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 20

@@ -1,8 +1,9 @@
 """Average the parameters of several fairseq checkpoints (e.g. a run's last N interval checkpoints): floating-point
 parameters are summed in float64 and cast back to their dtype, everything else (integer buffers, config, optimizer
 history) is the newest checkpoint's (the most updates). Checkpoints whose run.json files record different
-dictionaries, whose task states record different ids (sentence_encoding), or whose models differ in arch or MTSA
-options (the kernel aside), are refused. Checkpoints are read
+dictionaries, whose task states record different ids (sentence_encoding), whose models differ in arch or MTSA
+options (the kernel aside), that come from different runs (seed, held-out fold) or that were saved at the same update
+(the same weights twice), are refused. Checkpoints are read
 with ``torch.load(weights_only=True)`` (:mod:`mtsa_fairseq.checkpoint_safety`)."""
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ def _load(path: Path) -> dict[str, Any]:
     return state
 
 
+def _run_identity(state: dict[str, Any]) -> tuple[Any, Any]:
+    """The seed and the held-out fold (``--cv-fold``; None for other tasks) a loaded checkpoint was trained with."""
+    cfg = state.get("cfg") or {}
+    common, task = cfg.get("common") or state.get("args") or {}, cfg.get("task") or state.get("args") or {}
+    return tuple(part.get(key) if hasattr(part, "get") else getattr(part, key, None)
+                 for part, key in ((common, "seed"), (task, "cv_fold")))
+
+
 def num_updates(state: dict[str, Any]) -> int:
     """Updates done when a loaded fairseq checkpoint was saved (0 if it records none)."""
     history = state.get("optimizer_history") or [{}]
@@ -99,6 +108,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     newest: dict[str, Any] | None = None
     keys: list[str] | None = None
     first_ids: tuple[Path, str] | None = None  # a sentence_encoding checkpoint's digest of what its ids mean
+    saved_at: dict[int, Path] = {}
+    first_identity: tuple[Any, Any] | None = None  # the first checkpoint's seed and held-out fold
     for path in paths:
         state = _load(path)
         model = state["model"]
@@ -109,6 +120,16 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
                 raise AverageError(f"{path} was trained on data whose word or class ids mean other words or classes "
                                    f"than {first_ids[0]}'s (their task states record them): average checkpoints of "
                                    "one dataset")
+        updates = num_updates(state)
+        if updates in saved_at:
+            raise AverageError(f"{path} and {saved_at[updates]} were both saved at update {updates}: the same "
+                               "weights would count twice; average checkpoints of different updates")
+        saved_at[updates] = path
+        identity = _run_identity(state)
+        first_identity = first_identity or identity
+        if identity != first_identity:
+            raise AverageError(f"{path} is of another run than {paths[0]} (seed and fold {identity} against "
+                               f"{first_identity}): average checkpoints of one run")
         if keys is None:
             keys, options = list(model), model_options(state)
         elif set(model) != set(keys):

@@ -275,18 +275,18 @@ def test_score_prepared_dir_and_run_dir(trained, tmp_path):
         "spm_model": None, "tests": {"toy2014": {"subset": "test", "lines": 20, "source": str(root / "raw/test.en"),
                                                  "reference": str(root / "raw/test.de")}},
     }))
-    run_dir = tmp_path / "setup1_mtsa" / "seed3"
+    run_dir = tmp_path / "setup1_mtsa" / "seed5"
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(json.dumps({
         "schema": "mtsa-fairseq.run.v1", "config": "setup1_mtsa", "system": "mtsa", "setup": "setup1",
-        "arch": "transformer_mtsa_tiny", "seed": 3, "status": "done",
+        "arch": "transformer_mtsa_tiny", "seed": 5, "status": "done",
         "checkpoint": str(root / "ckpt/checkpoint_last.pt"),
     }))
     out = tmp_path / "toy2014.json"
     proc = score("--run-dir", str(run_dir), "--data", str(data), "--test", "toy2014", "--result", str(out), "--cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert (result["system"], result["setup"], result["seed"], result["test_set"]) == ("mtsa", "setup1", 3, "toy2014")
+    assert (result["system"], result["setup"], result["seed"], result["test_set"]) == ("mtsa", "setup1", 5, "toy2014")
     assert result["num_sentences"] == 20
     checkpoint = scoring.result_file(result, "checkpoint", out).resolve()
     assert str(checkpoint) == str((root / "ckpt/checkpoint_last.pt").resolve())
@@ -327,7 +327,8 @@ def test_missing_checkpoint_is_an_error(trained, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["exists", "empty_reference", "missing_reference", "not_utf8_reference",
-                                  "unknown_test", "other_dictionary", "changed_data", "diverged"])
+                                  "unknown_test", "other_dictionary", "changed_data", "diverged", "other_arch",
+                                  "other_direction"])
 def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
     root = trained
     out = tmp_path / "r.json"
@@ -347,7 +348,7 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
         reference = tmp_path / "latin1.de"
         reference.write_bytes("der hund\ndie Stra\u00dfe\n".encode("latin-1"))
         message = f"{reference}:2: not valid UTF-8"
-    if case in ("other_dictionary", "diverged"):  # a run.json beside the checkpoint
+    if case in ("other_dictionary", "diverged", "other_arch"):  # a run.json beside the checkpoint
         (tmp_path / "run").mkdir()
         (tmp_path / "run/checkpoint_last.pt").symlink_to(root / "ckpt/checkpoint_last.pt")
         args[1] = str(tmp_path / "run/checkpoint_last.pt")
@@ -361,6 +362,10 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
             (tmp_path / "bin/dict.de.txt").write_text("".join(lines))
             message = (f"{args[1]} was trained with another dict.de.txt than {tmp_path / 'bin/dict.de.txt'} (its "
                        "run.json records the dictionaries it was trained with)")
+        elif case == "other_arch":  # another system's checkpoint copied into this run's directory
+            record["arch"] = "transformer_tiny"
+            message = (f"{args[1]} holds a model of arch transformer_mtsa_tiny, its run.json records arch "
+                       "transformer_tiny: score the run's own checkpoint")
         else:
             record.update(status="diverged", last_loss=194403.0)
             message = (f"run {tmp_path / 'run'} diverged (its last training loss is 194403.0): pass "
@@ -383,6 +388,9 @@ def test_bad_inputs_write_nothing(trained, tmp_path, monkeypatch, capsys, case):
             message = f"{tmp_path / 'bin/test.en-de.en.bin'} changed after preparation (SHA-256 differs from"
     else:
         args += ["--data-bin", str(root / "bin"), "--reference", str(reference)]
+    if case == "other_direction":  # an en->de checkpoint asked for de->en
+        args += ["--source-lang", "de", "--target-lang", "en"]
+        message = f"{args[1]} translates en->de, not de->en: pass its languages"
     before = sorted(tmp_path.iterdir())
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
     with pytest.raises(SystemExit) as exc:

@@ -352,6 +352,14 @@ def score_checkpoint(checkpoint: Path, inputs: ScoringInputs, references: Sequen
     subset's name."""
     run = run or {}
     info = checkpoint_info(checkpoint, inputs.data_bin)
+    for key, held in (("arch", info.arch), ("seed", info.seed)):
+        if run.get(key) is not None and held is not None and run[key] != held:
+            raise ScoringError(f"{checkpoint} holds a model of {key} {held}, its run.json records {key} {run[key]}: "
+                               "score the run's own checkpoint")
+    asked, trained = (inputs.source_lang, inputs.target_lang), (info.source_lang, info.target_lang)
+    if all(asked) and all(trained) and asked != trained:
+        raise ScoringError(f"{checkpoint} translates {trained[0]}->{trained[1]}, not {asked[0]}->{asked[1]}: pass "
+                           "its languages")
     target_lang = inputs.target_lang or info.target_lang
     if not target_lang:
         raise ScoringError("the target language is unknown: pass --target-lang")

@@ -117,6 +117,31 @@ def read_json(path: Path, schema: str, what: str, error: type[Exception]) -> dic
     return data
 
 
+_RESULT_REQUIRED = ("system", "test_set", "num_params", "num_sentences", "hypotheses", "references", "bleu")
+# Field types of a result file, so that a seed "1" is refused rather than left out of the pairing with seed 1.
+_RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "system": (str,), "test_set": (str,), "setup": (str,), "seed": (int,), "num_params": (int,),
+    "num_sentences": (int,), "hypotheses": (str,), "references": (str,)}
+_RESULT_OPTIONAL = ("setup", "seed")
+
+
+def read_result(path: Path, error: type[Exception]) -> dict[str, Any]:
+    """A translation result file (:data:`RESULT_SCHEMA`) whose fields are there and of their types (``bleu`` an
+    object); anything else raises ``error`` naming the file and the field."""
+    data = read_json(path, RESULT_SCHEMA, "result file", error)
+    missing = [key for key in _RESULT_REQUIRED if data.get(key) is None]
+    if missing:
+        raise error(f"{path} lacks {', '.join(missing)}")
+    if not isinstance(data["bleu"], dict):
+        raise error(f"{path}: bleu must be an object of BLEU values, not {type(data['bleu']).__name__}")
+    for key, types in _RESULT_TYPES.items():
+        value = data.get(key)
+        if not (isinstance(value, types) and not isinstance(value, bool)) and not (value is None and
+                                                                                    key in _RESULT_OPTIONAL):
+            raise error(f"{path}: {key} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+    return data
+
+
 # ------------------------------------------------------------------------------------------------ text
 
 

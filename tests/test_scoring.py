@@ -105,8 +105,9 @@ def test_rescore_adds_new_metrics_and_refuses_changed_hypotheses(tmp_path):
     bleu = scoring.bleu_scores(HYPS, REFS, "de")
     older = {k: v for k, v in bleu.items() if k != "sacrebleu_lc"}  # scored before lowercased BLEU was recorded
     result = tmp_path / "r.json"
-    result.write_text(json.dumps({"schema": "mtsa-fairseq.result.v1", "num_sentences": 3, "hypotheses": "r.hyp.txt",
-                                  "references": "refs.de", "bleu": older, "seed": 1}), encoding="utf-8")
+    fields = {"schema": "mtsa-fairseq.result.v1", "system": "mtsa", "test_set": "toy", "num_params": 1000,
+              "num_sentences": 3, "hypotheses": "r.hyp.txt", "references": "refs.de", "bleu": older, "seed": 1}
+    result.write_text(json.dumps(fields), encoding="utf-8")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result), "--target-lang", "de"],
                           capture_output=True, text=True, env=ENV)
     assert proc.returncode == 0 and proc.stdout == f"rescored {result}\n", proc.stderr
@@ -124,6 +125,14 @@ def test_rescore_adds_new_metrics_and_refuses_changed_hypotheses(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result), "--target-lang", "de"],
                           capture_output=True, text=True, env=ENV)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "r.hyp.txt" in proc.stderr
+    for edit, message in (({"references": None}, "lacks references"), ({"hypotheses": None}, "lacks hypotheses"),
+                          ({"bleu": "x"}, "bleu must be an object of BLEU values, not str"),
+                          ({"num_sentences": "3"}, "num_sentences must be int, got '3'")):
+        result.write_text(json.dumps({**fields, **edit}), encoding="utf-8")  # edited by hand: one line, no traceback
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--rescore", str(result), "--target-lang", "de"],
+                              capture_output=True, text=True, env=ENV)
+        where = f"{result}:" if " must " in message else f"{result}"
+        assert proc.returncode == 1 and proc.stderr == f"error: {where} {message}\n"
 
 
 def test_tokenized_compound_split_bleu_by_hand():

@@ -21,10 +21,9 @@ import numpy as np
 
 from mtsa_fairseq.contracts import (
     BLEU_METRICS,
-    RESULT_SCHEMA,
     SACREBLEU_OPTIONS,
-    read_json,
     read_lines,
+    read_result,
     record_path,
     relative_path,
 )
@@ -42,13 +41,6 @@ METRIC_NAMES = {"sacrebleu": "sacreBLEU", "sacrebleu_lc": "sacreBLEU, lowercased
                 "tokenized_compound_split": "tokenized compound-split BLEU",
                 "t2t_intl": "t2t-bleu (intl, cased)"}
 GroupKey = tuple[str | None, str, str | None]  # (setup, test set, checkpoint file name)
-_REQUIRED = ("system", "test_set", "num_params", "num_sentences", "hypotheses", "references", "bleu")
-# Field types of a result file, so that a seed "1" is refused rather than left out of the pairing with seed 1.
-_TYPES: dict[str, tuple[type, ...]] = {"system": (str,), "test_set": (str,), "setup": (str,), "seed": (int,),
-                                       "num_params": (int,), "num_sentences": (int,)}
-_OPTIONAL = ("setup", "seed")
-
-
 class SignificanceError(ValueError):
     """Bad input for a comparison: the message is one line naming the problem."""
 
@@ -77,25 +69,15 @@ def load_result(path: Path, metric: str = "sacrebleu", ref_cache: dict[Path, lis
     :data:`~mtsa_fairseq.contracts.SACREBLEU_OPTIONS`); the result of a diverged run is refused unless
     ``allow_diverged``. ``ref_cache`` (reference path -> lines) reads a reference file shared by several runs once."""
     path = Path(path)
-    data = read_json(path, RESULT_SCHEMA, "result file", SignificanceError)
+    data = read_result(path, SignificanceError)
     if data.get("diverged") and not allow_diverged:
         raise SignificanceError(f"{path} is the result of a diverged run: pass --allow-diverged to compare it anyway")
-    missing = [key for key in _REQUIRED if data.get(key) is None]
-    if missing:
-        raise SignificanceError(f"{path} lacks {', '.join(missing)}")
-    if not isinstance(data["bleu"], dict):
-        raise SignificanceError(f"{path}: bleu must be an object of BLEU values, not {type(data['bleu']).__name__}")
     for name in dict.fromkeys((metric, "sacrebleu")):  # the paired tests recompute sacreBLEU and compare
         value = data["bleu"].get(name)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise SignificanceError(f"{path} has no numeric bleu.{name} (got {value!r})")
         if not math.isfinite(value):
             raise SignificanceError(f"{path}: bleu.{name} is {value}, not a finite number")
-    for key, types in _TYPES.items():
-        value = data.get(key)
-        if not (isinstance(value, types) and not isinstance(value, bool)) and not (value is None and key in _OPTIONAL):
-            kind = " or ".join(t.__name__ for t in types)
-            raise SignificanceError(f"{path}: {key} must be {kind}, got {value!r}")
     files = {}
     for key in ("hypotheses", "references"):
         file = record_path(data[key], path.parent)  # relative to the result's folder, or absolute (older results)

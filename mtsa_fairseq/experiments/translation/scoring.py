@@ -35,6 +35,7 @@ from mtsa_fairseq.contracts import (
     not_found,
     read_json,
     read_lines,
+    read_result,
     read_run,
     record_path,
     relative_path,
@@ -171,7 +172,7 @@ def result_file(result: dict[str, Any], key: str, path: Path) -> Path:
 def rescore(path: Path, target_lang: str) -> dict[str, Any]:
     """The result file ``path`` with its ``bleu`` block recomputed from its hypotheses and references (adding the
     metrics scored since it was written); a recorded value the recomputation does not reproduce is an error."""
-    result = read_json(path, RESULT_SCHEMA, "result file", ScoringError)
+    result = read_result(path, ScoringError)
     hypotheses = read_lines(result_file(result, "hypotheses", path), ScoringError)
     references = read_references(result_file(result, "references", path), result.get("num_sentences"))
     bleu = bleu_scores(hypotheses, references, target_lang)
@@ -257,7 +258,8 @@ def read_references(path: Path, expected_lines: int | None = None) -> list[str]:
     if not refs:
         raise ScoringError(f"reference file is empty: {path}")
     if expected_lines is not None and len(refs) != expected_lines:
-        raise ScoringError(f"reference file {path} has {len(refs)} lines, the manifest says {expected_lines}")
+        raise ScoringError(f"reference file {path} has {len(refs)} lines, {expected_lines} expected (the test set's "
+                           "sentences)")
     return refs
 
 

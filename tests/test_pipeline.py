@@ -145,14 +145,17 @@ def test_a_run_trained_on_since_its_score_is_scored_again(finished):
         (["--seeds", "3", "3"], "--seeds must be distinct"),
         (["--train", "nope.en", "nope.de", "--test", "t", "nope.en", "nope.de"], "does not exist"),
         (["--system-config", str(ROOT / "configs/demo_transformer.yaml")], "must be different configs"),
+        (["--report-dir", "FILE"], "--report-dir FILE is a file, not a directory"),  # before hours of training
     ],
 )
 def test_bad_input_stops_before_writing(tmp_path, args, message):
     (tmp_path / "data").mkdir()  # a prepared directory without test sets
     (tmp_path / "data" / "manifest.json").write_text(json.dumps({"tests": {}}))
-    args = [str(tmp_path / "data") if arg == "DATA" else arg for arg in args]
+    (tmp_path / "file").write_text("")
+    names = {"DATA": str(tmp_path / "data"), "FILE": str(tmp_path / "file")}
+    args = [names.get(arg, arg) for arg in args]
     proc = pipeline("--out", str(tmp_path / "out"), *args)
-    assert proc.returncode != 0 and message in proc.stderr
+    assert proc.returncode != 0 and message.replace("FILE", names["FILE"]) in proc.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -88,6 +88,9 @@ def _main() -> None:
         parser.error(f"--data {args.data} has no test set to score (prepare it with --test, or pass --train-only)")
     if args.names[0] == args.names[1]:
         parser.error("--names must name the two systems differently")
+    for option, folder in (("--out", args.out), ("--report-dir", args.report_dir)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            parser.error(f"{option} {folder} is a file, not a directory")
     if args.vocab_size is None:
         args.vocab_size = 32000 if args.train else 100
 

@@ -381,6 +381,9 @@ def test_average_script_equals_mean_and_loads_in_generate(trained, corpus, tmp_p
         average_script("--inputs", *map(str, inputs), "--averaged", str(out))
     assert "exists (pass --overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        average_script("--inputs", *map(str, inputs), "--averaged", str(tmp_path), "--overwrite")
+    assert f"--averaged {tmp_path} is a directory: name the checkpoint file to write" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         average_script("--inputs", str(inputs[0]), "--num-update-checkpoints", "2", "--averaged", str(out))
     assert f"--inputs: {inputs[0]} is not a directory" in capsys.readouterr().err
     average_script("--inputs", *map(str, reversed(inputs)), "--averaged", str(out), "--overwrite")

@@ -42,6 +42,8 @@ def _main() -> None:
         missing = [str(p) for p in args.inputs if not p.is_file()]
         if missing:
             parser.error(f"--inputs: {missing[0]} is not a file (for a directory give --num-update-checkpoints N)")
+    if args.averaged.is_dir():
+        parser.error(f"--averaged {args.averaged} is a directory: name the checkpoint file to write")
     if args.averaged.exists() and not args.overwrite:
         parser.error(f"--averaged {args.averaged} exists (pass --overwrite to replace it)")
     kind = "update" if args.num_update_checkpoints is not None else "epoch"

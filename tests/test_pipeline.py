@@ -11,6 +11,7 @@ import pytest
 import yaml
 from process_helpers import processes_naming, trainers_on, wait_for
 
+from mtsa_fairseq.experiments.translation.pipeline import run_script
 from mtsa_fairseq.experiments.translation.toy_corpus import write_corpus
 
 pytestmark = pytest.mark.slow  # end-to-end runs of fairseq's and the project's commands
@@ -205,3 +206,17 @@ def test_killed_pipeline_leaves_no_trainer_and_a_second_one_is_refused(tmp_path)
     wait_for(lambda: not trainers_on(run_dir), "the trainer to stop", timeout=300)
     wait_for(lambda: json.loads((run_dir / "run.json").read_text())["status"] == "interrupted",
              "train_seeds to record the run as interrupted", timeout=120, state=lambda: run_state(run_dir))
+
+
+def test_a_failing_step_says_its_error_once(tmp_path, capfd):
+    """A step whose output is on the console has printed its own error line: the pipeline does not repeat it; a step
+    that writes a log is named, with its log."""
+    def failing(name: str, *args: str) -> list[str]:
+        return [sys.executable, "-c", "import sys; print('error: bad input', file=sys.stderr); sys.exit(1)"]
+
+    with pytest.raises(SystemExit) as stop:
+        run_script(failing, "significance")
+    assert stop.value.code == 1 and "".join(capfd.readouterr()).count("error: bad input") == 1
+    with pytest.raises(SystemExit) as stop:
+        run_script(failing, "score", log_file=tmp_path / "score.log")
+    assert stop.value.code == f"error: score: bad input (log: {tmp_path / 'score.log'})"

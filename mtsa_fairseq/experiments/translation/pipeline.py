@@ -56,6 +56,8 @@ def run_script(command: Command, name: str, *args: str, log_file: Path | None = 
                                  on_line=show_progress if log_file is not None else None)
     if code != 0:
         errors = [line for line in output.splitlines() if line.startswith("error: ")]
+        if errors and log_file is None:  # the command's own error line is on the console already
+            sys.exit(code)
         reason = errors[-1][len("error: "):] if errors else f"exit code {code}"
         where = f" (log: {log_file})" if log_file else ""
         sys.exit(f"error: {name}: {reason}{where}")

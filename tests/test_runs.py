@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtsa_fairseq.contracts import RUN_SCHEMA, read_run
-from mtsa_fairseq.experiments.checkpoint_average import save_checkpoint
+from mtsa_fairseq.experiments.checkpoint_average import AverageError, average_checkpoints, save_checkpoint
 from mtsa_fairseq.experiments.runs import (
     best_repair,
     carried_seconds,
@@ -157,3 +157,11 @@ def test_an_unreadable_best_checkpoint_is_moved_aside_with_the_last_one_for_trai
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([best_aside.name, last_aside.name])
     assert lines == [f"checkpoint_best.pt is unreadable (moved to {best_aside.name}); training again from update 0 "
                      "so that a best checkpoint exists"]
+
+
+def test_a_file_torch_did_not_write_is_named_as_no_checkpoint(tmp_path):
+    (tmp_path / "notes.json").write_text("{}")  # e.g. a record given among the checkpoints
+    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "a.pt")
+    with pytest.raises(AverageError) as refused:
+        average_checkpoints([tmp_path / "a.pt", tmp_path / "notes.json"])
+    assert str(refused.value) == f"{tmp_path / 'notes.json'} is not a checkpoint: torch.save writes a zip archive"

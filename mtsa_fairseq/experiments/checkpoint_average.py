@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ def last_checkpoints(directory: str | Path, n: int, kind: str = "update") -> lis
 def _load(path: Path) -> dict[str, Any]:
     from mtsa_fairseq.checkpoint_safety import load_checkpoint
 
+    if path.is_file() and not zipfile.is_zipfile(path):  # torch's own message is advice about torch.save
+        raise AverageError(f"{path} is not a checkpoint: torch.save writes a zip archive")
     try:
         state = load_checkpoint(path)
     except Exception as err:  # torch raises many kinds of errors for unreadable files

@@ -58,12 +58,16 @@ def _load(path: Path) -> dict[str, Any]:
     return state
 
 
+def _config(state: dict[str, Any], section: str) -> dict[str, Any]:
+    """A loaded checkpoint's config ``section`` (``model``, ``task``, ...) as a dict: ``cfg.<section>``, a dict or
+    a Namespace, else the legacy ``args``."""
+    part = (state.get("cfg") or {}).get(section) or state.get("args") or {}
+    return dict(part) if hasattr(part, "keys") else vars(part)
+
+
 def _run_identity(state: dict[str, Any]) -> tuple[Any, Any]:
     """The seed and the held-out fold (``--cv-fold``; None for other tasks) a loaded checkpoint was trained with."""
-    cfg = state.get("cfg") or {}
-    common, task = cfg.get("common") or state.get("args") or {}, cfg.get("task") or state.get("args") or {}
-    return tuple(part.get(key) if hasattr(part, "get") else getattr(part, key, None)
-                 for part, key in ((common, "seed"), (task, "cv_fold")))
+    return _config(state, "common").get("seed"), _config(state, "task").get("cv_fold")
 
 
 def num_updates(state: dict[str, Any]) -> int:
@@ -91,9 +95,7 @@ def _check_same_dictionaries(paths: list[Path]) -> None:
 def model_options(state: dict[str, Any]) -> dict[str, Any]:
     """What a loaded checkpoint's model computes with beyond its parameters' shapes: its arch and MTSA options (the
     kernel aside: every kernel gives the same values)."""
-    model = (state.get("cfg") or {}).get("model") or state.get("args") or {}
-    options = vars(model) if hasattr(model, "__dict__") else dict(model)
-    return {key: value for key, value in options.items() if key == "arch" or key != "mtsa_kernel"
+    return {key: value for key, value in _config(state, "model").items() if key == "arch" or key != "mtsa_kernel"
             and (key.startswith("mtsa_") or key.endswith("_self_attention_type"))}
 
 

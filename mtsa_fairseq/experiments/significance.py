@@ -41,6 +41,8 @@ METRIC_NAMES = {"sacrebleu": "sacreBLEU", "sacrebleu_lc": "sacreBLEU, lowercased
                 "tokenized_compound_split": "tokenized compound-split BLEU",
                 "t2t_intl": "t2t-bleu (intl, cased)"}
 GroupKey = tuple[str | None, str, str | None]  # (setup, test set, checkpoint file name)
+
+
 class SignificanceError(ValueError):
     """Bad input for a comparison: the message is one line naming the problem."""
 

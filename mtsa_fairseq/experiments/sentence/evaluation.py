@@ -19,6 +19,11 @@ class EvaluationError(ValueError):
     """A checkpoint, data directory or split that cannot be evaluated; the message says why."""
 
 
+def _option(task_cfg: Any, key: str) -> Any:
+    """Option ``key`` of a checkpoint's task config: a config or, for tasks with legacy options, a Namespace."""
+    return task_cfg.get(key) if hasattr(task_cfg, "keys") else getattr(task_cfg, key, None)
+
+
 def _load_state(checkpoint: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     from fairseq import checkpoint_utils
 
@@ -40,8 +45,8 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
     if data is not None:
         overrides["data"] = str(data)
     state = _load_state(checkpoint, overrides)
-    task_cfg = (state.get("cfg") or {}).get("task")  # a config or, for tasks with legacy options, a Namespace
-    held_out = task_cfg.get("cv_fold") if hasattr(task_cfg, "keys") else getattr(task_cfg, "cv_fold", None)
+    task_cfg = (state.get("cfg") or {}).get("task")
+    held_out = _option(task_cfg, "cv_fold")
     if cv_fold is not None and held_out is not None and cv_fold != held_out:
         raise EvaluationError(f"{checkpoint} was trained on every fold but {held_out}: fold {cv_fold} is in its "
                               f"training data; evaluate it on --cv-fold {held_out}")
@@ -49,11 +54,10 @@ def _load(checkpoint: Path, data: Path | None, cv_fold: int | None) -> tuple[Any
         overrides["cv_fold"] = cv_fold
         state = _load_state(checkpoint, overrides)
         task_cfg = (state.get("cfg") or {}).get("task")
-    task_name = task_cfg.get("_name") if hasattr(task_cfg, "keys") else getattr(task_cfg, "_name", None)
+    task_name = _option(task_cfg, "_name")
     if task_name not in (None, "sentence_encoding"):  # before building: a translation task would look for its files
         raise EvaluationError(f"{checkpoint} is a {task_name} checkpoint, not a sentence_encoding one")
-    data_dir = data if data is not None else (task_cfg.get("data") if hasattr(task_cfg, "keys")
-                                              else getattr(task_cfg, "data", None))
+    data_dir = data if data is not None else _option(task_cfg, "data")
     if data_dir:  # before building, naming the file: the task's own check (on loading) names no file
         check_dictionaries(run_beside(checkpoint, EvaluationError), checkpoint, Path(data_dir), EvaluationError)
     try:

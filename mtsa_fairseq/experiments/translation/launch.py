@@ -95,9 +95,8 @@ def _check_same_training(run: SeedRun, previous: dict[str, Any] | None, max_upda
     if not previous:
         return
     was_dicts, now_dicts = previous.get("dictionaries") or {}, run.record["dictionaries"]
-    trained = (run.run_dir / "checkpoint_last.pt").exists()
-    other = next((name for name in sorted(was_dicts) if was_dicts[name] != now_dicts.get(name) and trained), None)
-    if other is not None:
+    other = next((name for name in sorted(was_dicts) if was_dicts[name] != now_dicts.get(name)), None)
+    if other is not None and (run.run_dir / "checkpoint_last.pt").exists():  # a checkpoint trained on them
         raise LaunchError(f"seed {run.seed}: {run.run_dir} was trained with another {other} than "
                           f"{run.record['data']} has (its run.json records the dictionaries); use another --out or "
                           "--save-root, or the data it was trained with")
